@@ -1,0 +1,643 @@
+"""Connecting to N Redis nodes and talking to all of them at once.
+
+A lock operation is one *round*: the same command goes to every node, then the
+replies are read as they arrive -- one ``poll`` over all the sockets, from one thread,
+under one deadline shared by the whole round. The round stops as soon as its outcome
+is decided (a quorum said yes, or too many said no), so a hung node costs at most the
+round's deadline, never a deadline per node, and usually nothing at all.
+
+Why not redis-py's ``Connection`` for the round: its ``connect()`` runs an on-connect
+handshake (CLIENT SETINFO, AUTH, SELECT) with blocking socket timeouts, node after
+node, so one hung node would eat its own timeouts before the next node is even
+contacted, and a half-read reply leaves the connection out of step. Here the
+handshake is pipelined in front of the first command on a non-blocking socket and
+counts against the round's deadline, and every connection knows how many replies it
+still owes: a reply we stopped waiting for is read and dropped by the next round on
+that connection (in order, so a late SET is always followed by our late DEL), and a
+connection that cannot be brought back in step is closed. redis-py still parses the
+URLs, holds the TLS settings and provides the error classes.
+
+Scripts are loaded once per connection, pipelined into the handshake (SCRIPT LOAD),
+so EVALSHA never misses after a node restart; NOSCRIPT (an operator's SCRIPT FLUSH)
+falls back to EVAL within the same round.
+
+Fork safety: a process that finds itself forked drops the parent's connections.
+
+This module must not import Celery, redlock.py or task code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Final, Optional, Sequence, Union
+
+import redis
+from redis import exceptions as rexc
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+from .errors import ConfigurationError
+from .scripts import ALL_SCRIPTS, Script
+
+__all__ = ["Command", "Node", "NodeSet", "pack"]
+
+
+#: Replies a connection may still owe before it is closed instead of reused: a node
+#: that stopped answering should not collect an unbounded backlog.
+MAX_OWED_REPLIES: Final = 32
+#: A connection still connecting after this long is dropped and started afresh.
+MAX_CONNECTING: Final = 5.0
+CLIENT_NAME: Final = b"celery-redlock"
+
+_READ_SIZE: Final = 65536
+_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+
+# What the reply we are waiting for means (one tag per command sent, in order).
+_RESULT: Final = 0  # the round's answer
+_STALE: Final = 1  # an answer nobody waits for any more: read and drop
+_SETUP: Final = 2  # handshake (AUTH, SELECT): an error makes the connection unusable
+_OPTIONAL: Final = 3  # handshake nicety (CLIENT SETNAME, SCRIPT LOAD): errors ignored
+
+_CONNECTING: Final = 0
+_TLS_HANDSHAKE: Final = 1
+_READY: Final = 2
+
+
+def pack(*args: Union[bytes, str, int]) -> bytes:
+    """RESP-encode one command."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class Command:
+    """One script call, packed once and sent to every node of a round."""
+
+    __slots__ = ("_args", "_keys", "payload", "script")
+
+    def __init__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Union[bytes, str, int]]
+    ) -> None:
+        self.script = script
+        self._keys = tuple(keys)
+        self._args = tuple(args)
+        self.payload = pack(b"EVALSHA", script.sha, len(self._keys), *self._keys, *self._args)
+
+    def fallback(self) -> bytes:
+        """The same call as EVAL, for a node that answered NOSCRIPT."""
+        return pack(b"EVAL", self.script.source, len(self._keys), *self._keys, *self._args)
+
+
+# -- replies ------------------------------------------------------------------------
+
+_INCOMPLETE: Final = object()
+
+_ERROR_CLASSES: Final[dict[str, type[rexc.RedisError]]] = {
+    "NOSCRIPT": rexc.NoScriptError,
+    "NOAUTH": rexc.AuthenticationError,
+    "WRONGPASS": rexc.AuthenticationError,
+    "NOPERM": rexc.NoPermissionError,
+    "READONLY": rexc.ReadOnlyError,
+    "LOADING": rexc.BusyLoadingError,
+    "OOM": rexc.OutOfMemoryError,
+}
+
+
+def _error(line: bytes) -> rexc.RedisError:
+    text = line.decode("utf-8", "replace")
+    cls = _ERROR_CLASSES.get(text.split(" ", 1)[0], rexc.ResponseError)
+    return cls(text)
+
+
+def _parse(buf: bytearray, pos: int) -> tuple[object, int]:
+    """Parse one RESP2 reply at ``pos``; ``(_INCOMPLETE, pos)`` when more bytes are needed.
+
+    Errors come back as exception *instances* (they are data here, not control flow).
+    """
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return _INCOMPLETE, pos
+    kind = buf[pos]
+    line = bytes(buf[pos + 1 : end])
+    nxt = end + 2
+    if kind == 0x3A:  # ':' integer
+        return int(line), nxt
+    if kind == 0x24:  # '$' bulk string
+        size = int(line)
+        if size < 0:
+            return None, nxt
+        if len(buf) < nxt + size + 2:
+            return _INCOMPLETE, pos
+        return bytes(buf[nxt : nxt + size]), nxt + size + 2
+    if kind == 0x2A:  # '*' array
+        count = int(line)
+        if count < 0:
+            return None, nxt
+        items: list[object] = []
+        for _ in range(count):
+            item, nxt = _parse(buf, nxt)
+            if item is _INCOMPLETE:
+                return _INCOMPLETE, pos
+            items.append(item)
+        return items, nxt
+    if kind == 0x2B:  # '+' simple string
+        return line, nxt
+    if kind == 0x2D:  # '-' error
+        return _error(line), nxt
+    raise rexc.InvalidResponse(f"unexpected reply type {chr(kind)!r}")
+
+
+# -- nodes --------------------------------------------------------------------------
+
+
+def _node_kwargs(spec: object, index: int) -> dict[str, Any]:
+    if isinstance(spec, str):
+        try:
+            kwargs = parse_url(spec)  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"nodes[{index}]: {spec!r} is not a Redis URL ({exc}); "
+                "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
+                "(TLS) or unix:///path/to/socket[?db=N]"
+            ) from None
+        if "path" not in kwargs and not kwargs.get("host"):
+            raise ConfigurationError(f"nodes[{index}]: {spec!r} has no host")
+        return dict(kwargs)
+    if isinstance(spec, redis.Redis):
+        pool = spec.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        kwargs["connection_class"] = pool.connection_class
+        return kwargs
+    raise ConfigurationError(
+        f"nodes[{index}]: expected a Redis URL (str) or a redis.Redis client, "
+        f"got {type(spec).__name__}"
+    )
+
+
+class Node:
+    """One Redis master: where it is, how to greet it, and its idle connections."""
+
+    def __init__(self, spec: object, index: int = 0, name: Optional[str] = None) -> None:
+        kwargs = _node_kwargs(spec, index)
+        self._kwargs = kwargs
+        self.path: Optional[str] = kwargs.get("path")
+        self.host: str = kwargs.get("host") or "localhost"
+        self.port: int = int(kwargs.get("port") or 6379)
+        self.db: int = int(kwargs.get("db") or 0)
+        cls = kwargs.get("connection_class")
+        self.tls = isinstance(cls, type) and issubclass(cls, SSLConnection)
+        if cls is not None and issubclass(cls, UnixDomainSocketConnection):
+            self.path = self.path or kwargs.get("path")
+        if self.path:
+            self.address = f"unix:{self.path}/{self.db}"
+        else:
+            self.address = f"{self.host}:{self.port}/{self.db}"
+        self.name = name or self.address
+        self._ssl_context: Optional[ssl.SSLContext] = None
+        self._server_hostname: Optional[str] = None
+        if self.tls:
+            self._ssl_context, self._server_hostname = _ssl_settings(kwargs)
+        self._handshake, self._handshake_tags = self._make_handshake(kwargs)
+        self._sockaddr: Optional[tuple[int, Any]] = None
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._client: Optional[redis.Redis] = None
+        self._given_client = spec if isinstance(spec, redis.Redis) else None
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """What makes two entries the same server (for the duplicate check)."""
+        if self.path:
+            return ("unix", os.path.realpath(self.path))
+        host = self.host.lower()
+        if host in ("localhost", "::1", "0.0.0.0"):
+            host = "127.0.0.1"
+        return ("tcp", host, str(self.port))
+
+    def __repr__(self) -> str:
+        return f"<Node {self.address}>"
+
+    @staticmethod
+    def _make_handshake(kwargs: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
+        parts: list[bytes] = []
+        tags: list[int] = []
+        password = kwargs.get("password")
+        username = kwargs.get("username")
+        if password is not None:
+            parts.append(pack(b"AUTH", username, password) if username else pack(b"AUTH", password))
+            tags.append(_SETUP)
+        db = int(kwargs.get("db") or 0)
+        if db:
+            parts.append(pack(b"SELECT", db))
+            tags.append(_SETUP)
+        parts.append(pack(b"CLIENT", b"SETNAME", CLIENT_NAME))
+        tags.append(_OPTIONAL)
+        for script in ALL_SCRIPTS:
+            parts.append(pack(b"SCRIPT", b"LOAD", script.source))
+            tags.append(_OPTIONAL)
+        return b"".join(parts), tuple(tags)
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client for this node, for inspection (holder, doctor, CLI).
+
+        Lock operations never use it: they go through rounds.
+        """
+        if self._client is None:
+            if self._given_client is not None:
+                self._client = self._given_client
+            else:
+                kwargs = {k: v for k, v in self._kwargs.items() if k != "connection_class"}
+                pool = redis.ConnectionPool(
+                    connection_class=self._kwargs.get("connection_class", redis.Connection),
+                    socket_timeout=5.0,
+                    socket_connect_timeout=5.0,
+                    **kwargs,
+                )
+                self._client = redis.Redis(connection_pool=pool)
+        return self._client
+
+    def _resolve(self) -> tuple[int, Any]:
+        if self.path:
+            return socket.AF_UNIX, self.path
+        if self._sockaddr is None:
+            # Resolved once and cached: getaddrinfo blocks, and for an IP literal
+            # or /etc/hosts name it is instant anyway.
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            family, _, _, _, sockaddr = infos[0]
+            self._sockaddr = (family, sockaddr)
+        return self._sockaddr
+
+    def checkout(self, connect: bool, now: float) -> Optional[_Connection]:
+        """An idle connection, or a new one being set up (``None`` when ``connect`` is
+        false and there is no idle one). Raises ``redis.ConnectionError``."""
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.state == _READY or now - conn.born < MAX_CONNECTING:
+                    return conn
+                conn.close()
+        if not connect:
+            return None
+        try:
+            family, sockaddr = self._resolve()
+        except OSError as exc:
+            raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
+        return _Connection(self, family, sockaddr, now)
+
+    def checkin(self, conn: _Connection) -> None:
+        """Take back a connection after a round: in step, or closed."""
+        if conn.sock is None or len(conn.expect) > MAX_OWED_REPLIES:
+            conn.close()
+            return
+        if conn.state != _READY:
+            # Still connecting: nothing of the round's command went out, so drop it
+            # and keep the handshake going; the next round picks it up.
+            conn.pending = None
+            while conn.expect and conn.expect[-1] == _RESULT:
+                conn.expect.pop()
+        elif conn.out:
+            conn.close()  # a half-written command: the stream is out of step
+            return
+        else:
+            # Replies we stopped waiting for are still owed: read and drop them first.
+            conn.expect = deque(_STALE if t == _RESULT else t for t in conn.expect)
+        with self._lock:
+            self._idle.append(conn)
+
+    def reset(self) -> None:
+        """Forget every idle connection (after a fork they belong to the parent)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        self._client = self._given_client
+
+
+def _ssl_settings(kwargs: dict[str, Any]) -> tuple[ssl.SSLContext, Optional[str]]:
+    """Build the TLS context exactly as redis-py's SSLConnection would."""
+    conn_kwargs = {k: v for k, v in kwargs.items() if k != "connection_class"}
+    try:
+        model = SSLConnection(**conn_kwargs)
+    except (TypeError, ValueError, rexc.RedisError) as exc:
+        raise ConfigurationError(f"nodes: invalid TLS settings: {exc}") from None
+    context = ssl.create_default_context()
+    context.check_hostname = bool(model.check_hostname)
+    context.verify_mode = model.cert_reqs
+    if model.certfile or model.keyfile:
+        context.load_cert_chain(
+            certfile=model.certfile, keyfile=model.keyfile, password=model.certificate_password
+        )
+    if model.ca_certs is not None or model.ca_path is not None or model.ca_data is not None:
+        context.load_verify_locations(
+            cafile=model.ca_certs, capath=model.ca_path, cadata=model.ca_data
+        )
+    if model.ssl_min_version is not None:
+        context.minimum_version = model.ssl_min_version
+    if model.ssl_ciphers:
+        context.set_ciphers(model.ssl_ciphers)
+    return context, model.host
+
+
+class _Connection:
+    """A non-blocking socket to one node and the replies it still owes, in order."""
+
+    __slots__ = ("born", "expect", "inbuf", "node", "out", "pending", "sock", "state")
+
+    def __init__(self, node: Node, family: int, sockaddr: Any, now: float) -> None:
+        self.node = node
+        self.born = now
+        self.inbuf = bytearray()
+        self.out = bytearray(node._handshake)
+        self.expect: deque[int] = deque(node._handshake_tags)
+        self.pending: Optional[bytes] = None  # the round's command, sent once ready
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock: Optional[socket.socket] = sock
+        sock.setblocking(False)
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(sockaddr)
+        if err not in (0, errno.EINPROGRESS, errno.EALREADY):
+            sock.close()
+            self.sock = None
+            raise rexc.ConnectionError(f"{node.address}: {os.strerror(err)}")
+        self.state = _CONNECTING
+        if err == 0:
+            self._connected()
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def close(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.sock = None
+
+    def send(self, payload: bytes) -> None:
+        """Queue one command whose reply the round waits for; write it if we can."""
+        self.expect.append(_RESULT)
+        if self.state == _READY:
+            self.out += payload
+            self.flush()
+        else:
+            self.pending = payload
+
+    @property
+    def wants_write(self) -> bool:
+        return self.state != _READY or bool(self.out)
+
+    def _connected(self) -> None:
+        if self.node.tls:
+            assert self.node._ssl_context is not None and self.sock is not None
+            self.sock = self.node._ssl_context.wrap_socket(
+                self.sock,
+                server_hostname=self.node._server_hostname,
+                do_handshake_on_connect=False,
+            )
+            self.state = _TLS_HANDSHAKE
+            self._tls_step()
+        else:
+            self._ready()
+
+    def _ready(self) -> None:
+        self.state = _READY
+        if self.pending is not None:
+            self.out += self.pending
+            self.pending = None
+        self.flush()
+
+    def _tls_step(self) -> None:
+        assert isinstance(self.sock, ssl.SSLSocket)
+        try:
+            self.sock.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except ssl.SSLError as exc:
+            raise rexc.ConnectionError(
+                f"{self.node.address}: TLS handshake failed: {exc}"
+            ) from None
+        self._ready()
+
+    def advance(self) -> None:
+        """Move connection set-up along, or write what is queued."""
+        assert self.sock is not None
+        if self.state == _CONNECTING:
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise rexc.ConnectionError(f"{self.node.address}: {os.strerror(err)}")
+            self._connected()
+        elif self.state == _TLS_HANDSHAKE:
+            self._tls_step()
+        else:
+            self.flush()
+
+    def flush(self) -> None:
+        assert self.sock is not None
+        try:
+            while self.out:
+                sent = self.sock.send(self.out)
+                del self.out[:sent]
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return
+        except OSError as exc:
+            raise rexc.ConnectionError(f"{self.node.address}: {exc}") from None
+
+    def read(self) -> list[object]:
+        """Read what has arrived; return the replies the round waits for (usually one).
+
+        Raises ``redis.ConnectionError`` when the node hung up or the handshake failed.
+        """
+        sock = self.sock
+        assert sock is not None
+        if self.state != _READY:
+            self.advance()
+            if self.state != _READY:
+                return []
+        while True:
+            try:
+                chunk = sock.recv(_READ_SIZE)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except OSError as exc:
+                raise rexc.ConnectionError(f"{self.node.address}: {exc}") from None
+            if not chunk:
+                raise rexc.ConnectionError(f"{self.node.address}: connection closed by server")
+            self.inbuf += chunk
+            if len(chunk) < _READ_SIZE and not self.node.tls:
+                break  # a short read drained the kernel buffer (TLS may buffer more)
+        results: list[object] = []
+        buf = self.inbuf
+        pos = 0
+        while pos < len(buf) and self.expect:
+            reply, pos = _parse(buf, pos)
+            if reply is _INCOMPLETE:
+                break
+            tag = self.expect.popleft()
+            if tag == _RESULT:
+                results.append(reply)
+            elif tag == _SETUP and isinstance(reply, rexc.RedisError):
+                raise type(reply)(f"{self.node.address}: {reply}")
+        del buf[:pos]
+        return results
+
+
+# -- rounds -------------------------------------------------------------------------
+
+
+class NodeSet:
+    """N nodes and the round: one command to all of them, replies as they arrive."""
+
+    def __init__(self, specs: Sequence[object], clock: Callable[[], float] = time.monotonic):
+        self.nodes = [Node(spec, i) for i, spec in enumerate(specs)]
+        seen: dict[tuple[str, ...], int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.identity in seen:
+                raise ConfigurationError(
+                    f"nodes: {node.address} is listed twice (nodes[{seen[node.identity]}] "
+                    f"and nodes[{i}]); Redlock needs N independent Redis masters"
+                )
+            seen[node.identity] = i
+        self._clock = clock
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            for node in self.nodes:
+                node.reset()
+            self._pid = os.getpid()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.reset()
+
+    def round(
+        self,
+        command: Command,
+        timeout: float,
+        is_yes: Callable[[object], bool] = bool,
+        enough_yes: Optional[int] = None,
+        enough_no: Optional[int] = None,
+        wait: bool = True,
+    ) -> list[object]:
+        """Send ``command`` to every node and collect one reply per node.
+
+        Stops when ``enough_yes`` replies satisfy ``is_yes`` or ``enough_no`` do not
+        (errors count as no), when every node has answered, or at ``timeout``
+        seconds. The result has one entry per node: the reply, or an exception
+        instance (``redis.ConnectionError``, ``redis.TimeoutError`` for a node that
+        did not answer in time, ``redis.ResponseError`` for a script error).
+
+        ``wait=False`` only writes to nodes with an idle, ready connection and returns
+        at once (a failed acquire's clean-up must not wait on hung nodes); their
+        replies are read and dropped by the next round on the same connection, which
+        also keeps the clean-up in order behind the command it undoes.
+        """
+        self._check_fork()
+        count = len(self.nodes)
+        enough_yes = count + 1 if enough_yes is None else enough_yes
+        enough_no = count + 1 if enough_no is None else enough_no
+        now = self._clock()
+        deadline = now + timeout
+        results: list[object] = [_INCOMPLETE] * count
+        conns: list[Optional[_Connection]] = [None] * count
+        no = 0
+        for i, node in enumerate(self.nodes):
+            try:
+                conn = node.checkout(wait, now)
+                if conn is None:
+                    continue
+                conns[i] = conn
+                conn.send(command.payload)
+            except (rexc.RedisError, OSError) as exc:
+                results[i] = (
+                    exc
+                    if isinstance(exc, rexc.RedisError)
+                    else rexc.ConnectionError(f"{node.address}: {exc}")
+                )
+                if conns[i] is not None:
+                    conns[i].close()  # type: ignore[union-attr]
+                    conns[i] = None
+                no += 1
+        if wait:
+            self._collect(command, conns, results, deadline, is_yes, enough_yes, enough_no, no)
+        for i, conn in enumerate(conns):
+            if conn is not None:
+                conn.node.checkin(conn)
+            if results[i] is _INCOMPLETE:
+                results[i] = rexc.TimeoutError(
+                    f"{self.nodes[i].address}: no reply within {timeout * 1000:.0f} ms"
+                )
+        return results
+
+    def _collect(
+        self,
+        command: Command,
+        conns: list[Optional[_Connection]],
+        results: list[object],
+        deadline: float,
+        is_yes: Callable[[object], bool],
+        enough_yes: int,
+        enough_no: int,
+        no: int,
+    ) -> None:
+        yes = 0
+        poller = select.poll()
+        by_fd: dict[int, int] = {}
+        for i, conn in enumerate(conns):
+            if conn is not None:
+                fd = conn.fileno()
+                by_fd[fd] = i
+                poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        while by_fd and yes < enough_yes and no < enough_no:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return
+            events = poller.poll(math.ceil(remaining * 1000))
+            for fd, event in events:
+                i = by_fd.get(fd, -1)
+                conn = conns[i] if i >= 0 else None
+                if conn is None:
+                    continue
+                try:
+                    if event & select.POLLOUT:
+                        conn.advance()
+                    replies = conn.read() if event & _POLLIN or conn.state != _READY else []
+                except (rexc.RedisError, OSError) as exc:
+                    results[i] = (
+                        exc
+                        if isinstance(exc, rexc.RedisError)
+                        else (rexc.ConnectionError(f"{conn.node.address}: {exc}"))
+                    )
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                    conn.close()
+                    no += 1
+                    continue
+                for reply in replies:
+                    if isinstance(reply, rexc.NoScriptError):
+                        conn.send(command.fallback())  # the node forgot our scripts
+                        continue
+                    results[i] = reply
+                    if is_yes(reply):
+                        yes += 1
+                    else:
+                        no += 1
+                if results[i] is not _INCOMPLETE:
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                elif conn.sock is not None:
+                    poller.modify(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))

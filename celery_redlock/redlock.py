@@ -1,0 +1,647 @@
+"""The Redlock algorithm: quorum acquire, extend and release over N Redis masters.
+
+Acquire is one round to every node at once (see nodes.py): it succeeds iff a
+majority (N//2+1) set the key and the lease is still valid once the round is over::
+
+    validity = ttl - elapsed - (ttl * drift_factor + 2 ms)
+
+``elapsed`` comes from a monotonic clock started *before* the first byte goes out;
+the 2 ms covers Redis' own expiry precision (a key may expire up to 1 ms early) and
+the drift term the rate difference between our clock and the nodes'. On failure the
+key is released on all nodes -- also those that said no or did not answer, since a
+reply may have been lost after the SET happened.
+
+With ``fencing=True`` a second round makes ``lease.fence`` strictly increase from
+one holder to the next (see ``Redlock.acquire``).
+
+This module knows nothing about Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from . import scripts
+from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable
+from .nodes import Command, NodeSet
+
+__all__ = ["Duration", "HolderInfo", "Lease", "NodeHolding", "Redlock", "quorum"]
+
+logger = logging.getLogger(__name__)
+
+Duration = Union[float, int, timedelta]
+
+#: Redis expires a key up to 1 ms early; one more ms for our own clock's granularity.
+CLOCK_PRECISION = 0.002
+
+
+def quorum(n: int) -> int:
+    """How many of ``n`` nodes make a majority."""
+    return n // 2 + 1
+
+
+def _seconds(name: str, value: object, *, allow_none: bool = False) -> Optional[float]:
+    """A duration argument as float seconds, or a ConfigurationError naming it."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds (int, float or timedelta), "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _positive(name: str, value: object) -> float:
+    seconds = _seconds(name, value)
+    assert seconds is not None
+    if seconds <= 0:
+        raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
+    return seconds
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(f"key must be a non-empty str, got {type(key).__name__}: {key!r}")
+    return key
+
+
+def default_holder() -> str:
+    """Who we are, as stored beside the token: ``hostname:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _split_value(value: object) -> tuple[Optional[str], Optional[str]]:
+    """Stored value -> (token, holder). The token is url-safe base64: never a '|'."""
+    if not isinstance(value, bytes):
+        return None, None
+    text = value.decode("utf-8", "replace")
+    token, _, holder = text.partition("|")
+    return token, holder or None
+
+
+@dataclass(frozen=True)
+class NodeHolding:
+    """What one node says about a key."""
+
+    node: str
+    token: Optional[str] = None
+    holder: Optional[str] = None
+    ttl: Optional[float] = None  # seconds left; None: no key (or no expiry)
+    error: Optional[BaseException] = None
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """Who holds a key, node by node, and whether a quorum agrees."""
+
+    key: str
+    nodes: tuple[NodeHolding, ...]
+    quorum: int
+
+    @property
+    def holder(self) -> Optional[str]:
+        """The holder a quorum of nodes agrees on, else ``None``."""
+        tokens = Counter(n.token for n in self.nodes if n.token)
+        for token, count in tokens.most_common(1):
+            if count >= self.quorum:
+                return next(n.holder or token for n in self.nodes if n.token == token)
+        return None
+
+    @property
+    def ttl(self) -> Optional[float]:
+        """Seconds until the quorum holder's lock frees (its quorum-th longest TTL)."""
+        held = self.holder
+        if held is None:
+            return None
+        ttls = sorted(
+            (n.ttl for n in self.nodes if (n.holder or n.token) == held and n.ttl is not None),
+            reverse=True,
+        )
+        return ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
+
+
+class Lease:
+    """A lock we won: key, token, fence and how long it is guaranteed ours.
+
+    Returned by ``Redlock.acquire``. ``validity`` counts down from the moment the
+    acquire round started; once it reaches zero another client may hold the key.
+    """
+
+    def __init__(
+        self,
+        redlock: Redlock,
+        key: str,
+        token: str,
+        holder: str,
+        ttl: float,
+        started: float,
+        deadline: float,
+        fence: Optional[int],
+        max_hold: Optional[float],
+    ) -> None:
+        self._redlock = redlock
+        self.key = key
+        self.token = token
+        self.holder = holder
+        self.value = f"{token}|{holder}"
+        self.ttl = ttl
+        self.fence = fence
+        self.acquired_at = started
+        self.extensions = 0
+        self.max_hold = max_hold
+        self._deadline = deadline
+        self._released = False
+        self._lost_reason: Optional[str] = None
+        self._on_lost: list[Callable[[Lease], Any]] = []
+        self._lost_fired = False
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else f"validity={self.validity:.3f}s"
+        fence = f" fence={self.fence}" if self.fence is not None else ""
+        return f"<Lease {self.key!r}{fence} {state}>"
+
+    @property
+    def validity(self) -> float:
+        """Seconds of guaranteed exclusivity left (<= 0: no longer guaranteed)."""
+        if self._released or self._lost_reason is not None:
+            return 0.0
+        return self._deadline - self._redlock._clock()
+
+    @property
+    def deadline(self) -> float:
+        """When validity runs out, on the lock's monotonic clock."""
+        return self._deadline
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def held(self) -> bool:
+        """True while the lease is guaranteed ours (not released, lost or expired)."""
+        return self.validity > 0
+
+    @property
+    def lost(self) -> bool:
+        """True when the lease ended without being released: expired or not renewed."""
+        return not self._released and self.validity <= 0
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        if self._lost_reason is not None:
+            return self._lost_reason
+        if self.lost:
+            return "validity ran out"
+        return None
+
+    def ensure_held(self) -> None:
+        """Raise ``LockLost`` unless the lease is still guaranteed ours.
+
+        Call it at checkpoints of long work: a paused or slow holder learns it must
+        stop before it writes.
+        """
+        if not self.held:
+            self.mark_lost(self.lost_reason or "released")
+            raise LockLost(self.key, self.lost_reason or "released")
+
+    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
+        """Call ``callback(lease)`` once, when the lease is found lost."""
+        with self._lock:
+            self._on_lost.append(callback)
+
+    def mark_lost(self, reason: str) -> None:
+        """Record that the lease is gone and run the ``on_lost`` callbacks once."""
+        with self._lock:
+            if self._released or self._lost_fired:
+                return
+            if self._lost_reason is None:
+                self._lost_reason = reason
+            self._lost_fired = True
+            callbacks = list(self._on_lost)
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lock_lost callback failed for %s", self.key)
+
+    def extend(self, ttl: Optional[Duration] = None) -> bool:
+        """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
+
+        True only if a majority extended it within the remaining validity; the new
+        validity counts from the start of this round. Bounded by ``max_hold``: past
+        it, the lease is extended only up to the bound, then no further (returns False).
+        A failed extension marks the lease lost -- keep the work fenced or stop.
+        """
+        new_ttl = self.ttl if ttl is None else _positive("ttl", ttl)
+        with self._lock:
+            if self._released or self._lost_reason is not None:
+                return False
+            redlock = self._redlock
+            started = redlock._clock()
+            if self._deadline - started <= 0:
+                self.mark_lost("validity ran out before it was extended")
+                return False
+            if self.max_hold is not None:
+                left = self.acquired_at + self.max_hold - started
+                if left <= redlock._margin(new_ttl):
+                    return False  # at the bound: let it run out
+                new_ttl = min(new_ttl, left)
+            command = Command(scripts.EXTEND, [self.key], [self.value, _ms(new_ttl)])
+            need = quorum(len(redlock._nodes))
+            results = redlock._nodes.round(
+                command,
+                min(redlock.node_timeout, self._deadline - started),
+                is_yes=_is_one,
+                enough_yes=need,
+                enough_no=len(redlock._nodes) - need + 1,
+            )
+            finished = redlock._clock()
+            won = sum(1 for r in results if r == 1)
+            if won >= need and finished < self._deadline:
+                self._deadline = started + new_ttl - redlock._margin(new_ttl)
+                self.extensions += 1
+                return True
+            errors = [r for r in results if isinstance(r, BaseException)]
+            reason = f"extension reached {won} of {len(results)} nodes, needed {need}" + (
+                f" ({errors[0]})" if errors else ""
+            )
+        self.mark_lost(reason)
+        return False
+
+    def release(self) -> None:
+        """Delete the key on all nodes where it still holds our token. Idempotent.
+
+        Waits for a majority to answer at most (never for hung nodes): the others
+        get the command too and the next round on their connections reads the reply.
+        """
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._redlock._release(self.key, self.value)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _is_one(reply: object) -> bool:
+    return reply == 1
+
+
+def _is_granted(reply: object) -> bool:
+    return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
+
+
+def _is_answer(reply: object) -> bool:
+    return not isinstance(reply, BaseException)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+@dataclass
+class _Attempt:
+    """Why one acquire round failed, for the retry loop and the errors it raises."""
+
+    lease: Optional[Lease] = None
+    holder: Optional[str] = None
+    holder_ttl: Optional[float] = None
+    unavailable: Optional[QuorumUnavailable] = None
+
+
+class Redlock:
+    """The Redlock distributed lock over N independent Redis masters.
+
+    ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
+    clients, N >= 1, each a separate master (never a replica of another).
+    ``ttl``: default lease length, seconds (default 30).
+    ``node_timeout``: deadline of one round to all nodes, seconds (default 0.05),
+    connection set-up included; must be well below ``ttl``.
+    ``drift_factor``: clock-rate error allowed for, as a fraction of ttl (default 0.01).
+    ``retry_count`` / ``retry_delay``: a blocking acquire without a ``timeout`` tries
+    ``1 + retry_count`` times, waiting ``retry_delay`` x random 0.5..1.5 in between
+    (defaults 3 and 0.2 s), less when the holder's lock expires sooner.
+    ``fencing``: give every lease a fence number that strictly increases per key
+    (costs a second round; default off).
+    ``max_hold``: bound on the total hold time through ``extend``, seconds (default
+    None: unbounded; the Celery integration always sets one).
+    ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        ttl: Duration = 30.0,
+        node_timeout: Duration = 0.05,
+        drift_factor: float = 0.01,
+        retry_count: int = 3,
+        retry_delay: Duration = 0.2,
+        *,
+        fencing: bool = False,
+        max_hold: Optional[Duration] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
+            raise ConfigurationError(
+                "nodes must be a list of Redis URLs or redis.Redis clients "
+                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
+            )
+        if not nodes:
+            raise ConfigurationError("nodes must list at least one Redis master, got none")
+        self.ttl = _positive("ttl", ttl)
+        self.node_timeout = _positive("node_timeout", node_timeout)
+        if self.node_timeout >= self.ttl:
+            raise ConfigurationError(
+                f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
+                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
+            )
+        if (
+            isinstance(drift_factor, bool)
+            or not isinstance(drift_factor, (int, float))
+            or not 0 <= drift_factor < 1
+        ):
+            raise ConfigurationError(
+                f"drift_factor must be a number in [0, 1), got {drift_factor!r}"
+            )
+        self.drift_factor = float(drift_factor)
+        if isinstance(retry_count, bool) or not isinstance(retry_count, int) or retry_count < 0:
+            raise ConfigurationError(f"retry_count must be an int >= 0, got {retry_count!r}")
+        self.retry_count = retry_count
+        delay = _seconds("retry_delay", retry_delay)
+        assert delay is not None
+        if delay < 0:
+            raise ConfigurationError(f"retry_delay must be >= 0 seconds, got {retry_delay!r}")
+        self.retry_delay = delay
+        self.fencing = bool(fencing)
+        self.max_hold = None if max_hold is None else _positive("max_hold", max_hold)
+        self._clock = clock
+        self._sleep = sleep
+        self._nodes = NodeSet(nodes, clock=clock)
+        self.quorum = quorum(len(self._nodes))
+
+    def __repr__(self) -> str:
+        addresses = ", ".join(n.address for n in self._nodes.nodes)
+        return f"<Redlock [{addresses}] ttl={self.ttl}s>"
+
+    @property
+    def nodes(self) -> list[str]:
+        """The node addresses, in the order given."""
+        return [n.address for n in self._nodes.nodes]
+
+    def _margin(self, ttl: float) -> float:
+        return ttl * self.drift_factor + CLOCK_PRECISION
+
+    def close(self) -> None:
+        """Close every connection (they reopen on next use)."""
+        self._nodes.close()
+
+    # -- acquire ------------------------------------------------------------------
+
+    def acquire(
+        self,
+        key: str,
+        ttl: Optional[Duration] = None,
+        blocking: bool = True,
+        timeout: Optional[Duration] = None,
+        holder: Optional[str] = None,
+    ) -> Optional[Lease]:
+        """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
+
+        ``blocking=False``: one attempt. Blocking without ``timeout``: ``1 +
+        retry_count`` attempts; with ``timeout`` (seconds): attempts until it runs
+        out. Between attempts a random wait, cut short when the holder's lock expires
+        sooner. ``holder`` is stored beside the token so contention can name us
+        (default ``hostname:pid``).
+
+        Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
+        because too few nodes answered, rather than because someone holds the key.
+        """
+        attempt = self._acquire(key, ttl, blocking, timeout, holder)
+        if attempt.unavailable is not None:
+            raise attempt.unavailable
+        return attempt.lease
+
+    def try_acquire(
+        self,
+        key: str,
+        ttl: Optional[Duration] = None,
+        blocking: bool = True,
+        timeout: Optional[Duration] = None,
+        holder: Optional[str] = None,
+    ) -> Lease:
+        """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
+        instead of returning ``None``."""
+        attempt = self._acquire(key, ttl, blocking, timeout, holder)
+        if attempt.unavailable is not None:
+            raise attempt.unavailable
+        if attempt.lease is None:
+            raise LockContended(key, attempt.holder, attempt.holder_ttl)
+        return attempt.lease
+
+    def _acquire(
+        self,
+        key: str,
+        ttl: Optional[Duration],
+        blocking: bool,
+        timeout: Optional[Duration],
+        holder: Optional[str],
+    ) -> _Attempt:
+        key = _check_key(key)
+        lease_ttl = self.ttl if ttl is None else _positive("ttl", ttl)
+        if lease_ttl <= self.node_timeout:
+            raise ConfigurationError(
+                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
+            )
+        limit = _seconds("timeout", timeout, allow_none=True)
+        if limit is not None and limit < 0:
+            raise ConfigurationError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
+            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
+        who = holder or default_holder()
+        give_up = None if limit is None else self._clock() + limit
+        attempts = 0
+        while True:
+            attempt = self._attempt(key, lease_ttl, who)
+            if attempt.lease is not None:
+                return attempt
+            attempts += 1
+            if not blocking:
+                return attempt
+            if give_up is None and attempts > self.retry_count:
+                return attempt
+            delay = random.uniform(0.5, 1.5) * self.retry_delay
+            if attempt.holder_ttl is not None:
+                # The holder's lock frees sooner: come back just after it does.
+                delay = min(delay, attempt.holder_ttl + random.uniform(0.001, 0.005))
+            if give_up is not None:
+                left = give_up - self._clock()
+                if left <= 0:
+                    return attempt
+                delay = min(delay, left)
+            self._sleep(delay)
+
+    def _attempt(self, key: str, ttl: float, holder: str) -> _Attempt:
+        nodeset = self._nodes
+        count = len(nodeset)
+        need = self.quorum
+        token = secrets.token_urlsafe(20)
+        value = f"{token}|{holder}"
+        ttl_ms = _ms(ttl)
+        if self.fencing:
+            command = Command(scripts.ACQUIRE_FENCED, [key, key + ":fence"], [value, ttl_ms])
+        else:
+            command = Command(scripts.ACQUIRE, [key], [value, ttl_ms])
+        started = self._clock()
+        results = nodeset.round(
+            command,
+            self.node_timeout,
+            is_yes=_is_granted,
+            enough_yes=need,
+            enough_no=count - need + 1,
+        )
+        granted = [r for r in results if _is_granted(r)]
+        deadline = started + ttl - self._margin(ttl)
+        fence: Optional[int] = None
+        if len(granted) >= need and self._clock() < deadline:
+            if not self.fencing:
+                return _Attempt(
+                    Lease(self, key, token, holder, ttl, started, deadline, None, self.max_hold)
+                )
+            fence = self._fence(key, value, granted, deadline)
+            if fence is not None:
+                return _Attempt(
+                    Lease(self, key, token, holder, ttl, started, deadline, fence, self.max_hold)
+                )
+        # Lost: undo on every node, without waiting for anyone.
+        nodeset.round(Command(scripts.RELEASE, [key], [value]), 0.0, wait=False)
+        return self._why_not(key, results, len(granted))
+
+    def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
+        """Second round of a fenced acquire: the fence T = 1 + the highest counter the
+        granting quorum reported, recorded on every node that still holds our token.
+
+        Any later holder's quorum shares a node with the majority that recorded T, so
+        it reads a counter >= T and picks a larger fence. Counts only with a majority
+        within validity.
+        """
+        counters = [int(r[1]) for r in granted if isinstance(r, list)]
+        fence = max(counters, default=0) + 1
+        left = deadline - self._clock()
+        if left <= 0:
+            return None
+        command = Command(scripts.FENCE, [key, key + ":fence"], [value, fence])
+        results = self._nodes.round(
+            command,
+            min(self.node_timeout, left),
+            is_yes=_is_one,
+            enough_yes=self.quorum,
+            enough_no=len(self._nodes) - self.quorum + 1,
+        )
+        recorded = sum(1 for r in results if r == 1)
+        if recorded >= self.quorum and self._clock() < deadline:
+            return fence
+        return None
+
+    def _why_not(self, key: str, results: list[object], granted: int) -> _Attempt:
+        refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
+        errors = {
+            self._nodes.nodes[i].address: r
+            for i, r in enumerate(results)
+            if isinstance(r, BaseException)
+        }
+        need = self.quorum
+        if granted + len(errors) >= need and errors:
+            # Had the silent nodes said yes we would have won: an outage, not contention.
+            return _Attempt(unavailable=QuorumUnavailable(key, errors, need))
+        holders = Counter(_split_value(r[0])[1] or "unknown" for r in refusals)
+        holder = holders.most_common(1)[0][0] if holders else None
+        # The lock frees when enough refusing nodes expire to make a quorum with the
+        # free ones: that is the k-th shortest remaining TTL among the refusals.
+        ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
+        missing = need - (len(results) - len(refusals) - len(errors))
+        holder_ttl = None
+        if 0 < missing <= len(ttls):
+            holder_ttl = ttls[missing - 1] / 1000.0
+        elif not refusals and not errors:
+            holder_ttl = 0.0  # split vote or slow round: nobody holds it, retry soon
+        return _Attempt(holder=holder, holder_ttl=holder_ttl)
+
+    @contextmanager
+    def lock(
+        self,
+        key: str,
+        ttl: Optional[Duration] = None,
+        timeout: Optional[Duration] = None,
+        blocking: bool = True,
+        auto_extend: bool = False,
+        holder: Optional[str] = None,
+    ) -> Iterator[Lease]:
+        """``with redlock.lock(key) as lease:`` -- hold ``key`` for the block.
+
+        Raises ``LockContended`` (with the holder and its remaining TTL) when not won
+        in time. ``auto_extend=True`` has the process's watchdog renew the lease at
+        ttl/3 while the block runs; if a renewal fails the lease is marked lost
+        (``lease.held`` turns False, ``lease.ensure_held()`` raises ``LockLost``).
+        Released on exit, also on error.
+        """
+        lease = self.try_acquire(key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder)
+        watchdog = None
+        if auto_extend:
+            from .watchdog import get_watchdog
+
+            watchdog = get_watchdog()
+            watchdog.watch(lease)
+        try:
+            yield lease
+        finally:
+            if watchdog is not None:
+                watchdog.unwatch(lease)
+            lease.release()
+
+    # -- release and inspection ------------------------------------------------------
+
+    def _release(self, key: str, value: str) -> None:
+        self._nodes.round(
+            Command(scripts.RELEASE, [key], [value]),
+            self.node_timeout,
+            is_yes=_is_answer,
+            enough_yes=self.quorum,
+        )
+
+    def holder(self, key: str) -> HolderInfo:
+        """Who holds ``key``, per node (for logs and the CLI). One read round."""
+        key = _check_key(key)
+        results = self._nodes.round(Command(scripts.HOLDER, [key], []), self.node_timeout)
+        holdings = []
+        for node, reply in zip(self._nodes.nodes, results):
+            if isinstance(reply, BaseException):
+                holdings.append(NodeHolding(node.address, error=reply))
+                continue
+            value, pttl = reply if isinstance(reply, list) else (None, -2)
+            token, who = _split_value(value)
+            ttl = pttl / 1000.0 if isinstance(pttl, int) and pttl >= 0 else None
+            holdings.append(NodeHolding(node.address, token, who, ttl))
+        return HolderInfo(key, tuple(holdings), self.quorum)

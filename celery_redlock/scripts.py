@@ -1,0 +1,116 @@
+"""The Lua scripts the lock runs on every node, and their wire form.
+
+Each script is atomic on its node and changes a key only after checking that the key
+still holds our value, so a client whose lease ran out (and whose key was taken by
+someone else) can never touch the new holder's lock. Each one is a single command on
+the wire (EVALSHA), which is what keeps a lock operation at one command per node.
+
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+__all__ = [
+    "ACQUIRE",
+    "ACQUIRE_FENCED",
+    "ALL_SCRIPTS",
+    "EXTEND",
+    "FENCE",
+    "HOLDER",
+    "RELEASE",
+    "Script",
+]
+
+
+class Script:
+    """A Lua script with its SHA1, as sent with EVALSHA (EVAL when the node forgot it)."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source.strip() + "\n"
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.sha[:8]}>"
+
+
+ACQUIRE: Final = Script(
+    """
+-- KEYS[1] lock key; ARGV[1] our value (token|holder); ARGV[2] ttl in milliseconds
+-- returns 1 when the key was free and is now ours for ttl;
+--         {holder value, its pttl in ms} when someone holds it (so a refusal can say
+--         who holds the lock and when it frees, at no extra round trip)
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+"""
+)
+
+ACQUIRE_FENCED: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] the key's fence counter (never expires)
+-- ARGV[1] our value; ARGV[2] ttl in milliseconds
+-- returns {1, counter} when the key was free and is now ours (counter: the highest
+--         fence this node has seen granted for the key, 0 if none);
+--         {holder value, its pttl in ms} when someone holds it
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
+end
+return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+"""
+)
+
+FENCE: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its fence counter; ARGV[1] our value; ARGV[2] fence T
+-- Second round of a fenced acquire: record T as seen, but only on a node where we
+-- still hold the lock, so a later holder's quorum (which must meet ours) reads >= T.
+-- returns 1 when the counter is now >= T; 0 when the key is not ours (nothing changed)
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local seen = tonumber(redis.call('get', KEYS[2]) or '0')
+if seen < tonumber(ARGV[2]) then
+  redis.call('set', KEYS[2], ARGV[2])
+end
+return 1
+"""
+)
+
+EXTEND: Final = Script(
+    """
+-- KEYS[1] lock key; ARGV[1] our value; ARGV[2] new ttl in milliseconds
+-- returns 1 when the key held our value and now expires ttl from now; 0 otherwise
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+)
+
+RELEASE: Final = Script(
+    """
+-- KEYS[1] lock key; ARGV[1] our value
+-- returns 1 when the key held our value and is now deleted; 0 when it was not ours
+-- (expired, or already taken by another holder: left untouched)
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+)
+
+HOLDER: Final = Script(
+    """
+-- KEYS[1] lock key
+-- returns {value or false, pttl in ms (-2: no key, -1: no expiry)}; read-only
+return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+"""
+)
+
+ALL_SCRIPTS: Final = (ACQUIRE, ACQUIRE_FENCED, FENCE, EXTEND, RELEASE, HOLDER)

@@ -1,0 +1,142 @@
+"""One renewal thread per process for every lease that asks to be kept alive.
+
+A lease with a short TTL survives long work because the watchdog extends it at about
+ttl/3. A lease it cannot extend within its validity is marked lost (its ``on_lost``
+callbacks run once: the Celery integration turns that into the ``lock_lost`` signal
+and an ERROR log line). A lease at its ``max_hold`` bound is no longer extended; when
+its validity runs out it is marked lost too, so the holder learns it.
+
+Why one thread, not one per lease: a worker may hold many locks, and threads are
+the scarce thing in a prefork child. Fork-aware: a child process that asks for the
+watchdog gets its own thread (threads do not survive ``fork``) and never renews
+its parent's leases.
+
+Under gevent or eventlet the thread is a greenlet: a CPU-bound task that never
+yields starves it, and its lease expires. Keep such tasks' TTL above their longest
+stretch without I/O.
+
+Imports only redlock.py's Lease (no Celery).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Callable, Optional
+
+from .redlock import Lease
+
+__all__ = ["Watchdog", "get_watchdog"]
+
+logger = logging.getLogger(__name__)
+
+
+class Watchdog:
+    """Keeps leases alive from one daemon thread."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._queue: list[tuple[float, int, Lease]] = []
+        self._watched: dict[int, tuple[Lease, float]] = {}  # id -> (lease, interval)
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._pid = os.getpid()
+
+    def watch(self, lease: Lease, interval: Optional[float] = None) -> None:
+        """Renew ``lease`` every ``interval`` seconds (default ttl/3) until unwatched."""
+        every = lease.ttl / 3 if interval is None else interval
+        with self._cond:
+            self._watched[id(lease)] = (lease, every)
+            self._push(lease, self._clock() + every)
+            self._ensure_thread()
+            self._cond.notify()
+
+    def unwatch(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` (its queue entry is dropped when it comes due)."""
+        with self._cond:
+            self._watched.pop(id(lease), None)
+
+    def watching(self, lease: Lease) -> bool:
+        with self._cond:
+            return id(lease) in self._watched
+
+    def _push(self, lease: Lease, due: float) -> None:
+        heapq.heappush(self._queue, (due, next(self._seq), lease))
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="celery-redlock-watchdog", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = self._clock()
+                    if self._queue and self._queue[0][0] <= now:
+                        _, _, lease = heapq.heappop(self._queue)
+                        entry = self._watched.get(id(lease))
+                        if entry is not None and entry[0] is lease:
+                            every = entry[1]
+                            break
+                        continue  # unwatched meanwhile
+                    wait = self._queue[0][0] - now if self._queue else None
+                    self._cond.wait(wait)
+            self._renew(lease, every)
+
+    def _renew(self, lease: Lease, every: float) -> None:
+        if lease.released:
+            self.unwatch(lease)
+            return
+        try:
+            extended = lease.extend()
+        except Exception:  # never let one lease kill the thread that serves them all
+            logger.exception("renewing lock %s failed", lease.key)
+            extended = False
+        if extended:
+            due = self._clock() + every
+        elif lease.lost_reason is not None or lease.released:
+            self.unwatch(lease)  # lost (extend marked it) or released meanwhile
+            return
+        else:
+            # At max_hold: no more extensions. Look again when validity runs out,
+            # so the holder is told it lost the lock if it still has not released.
+            due = max(lease.deadline, self._clock() + 0.001)
+            if self._clock() >= lease.deadline:
+                lease.mark_lost("max_hold reached")
+                self.unwatch(lease)
+                return
+        with self._cond:
+            if id(lease) in self._watched:
+                self._push(lease, due)
+
+
+_watchdog: Optional[Watchdog] = None
+_watchdog_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # The parent's thread did not survive the fork, and its lock may have been held.
+    global _watchdog, _watchdog_lock
+    _watchdog = None
+    _watchdog_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def get_watchdog() -> Watchdog:
+    """The process's watchdog (a new one after a fork)."""
+    global _watchdog
+    with _watchdog_lock:
+        if _watchdog is None or _watchdog._pid != os.getpid():
+            _watchdog = Watchdog()
+        return _watchdog
