@@ -4,7 +4,9 @@
 
     RedlockError                      root: ``except RedlockError`` catches them all
      +-- ConfigurationError           bad argument or setting (also a ValueError);
-     |                                the message names it and what is accepted
+     |    |                           the message names it and what is accepted
+     |    +-- LockKeyError            a task's arguments cannot make a lock key
+     |                                (names the task and the argument)
      +-- LockContended                another holder has the lock (holder, ttl)
      +-- LockLost                     a lease we held is no longer guaranteed
      +-- QuorumUnavailable            too few nodes answered (per-node errors)
@@ -19,6 +21,7 @@ from typing import Mapping, Optional
 __all__ = [
     "ConfigurationError",
     "LockContended",
+    "LockKeyError",
     "LockLost",
     "QuorumUnavailable",
     "RedlockError",
@@ -31,6 +34,12 @@ class RedlockError(Exception):
 
 class ConfigurationError(RedlockError, ValueError):
     """An argument or setting is malformed; the message names it and what is accepted."""
+
+
+class LockKeyError(ConfigurationError):
+    """A lock key cannot be made from a task's arguments: an argument that has no
+    canonical form, an unknown template field, an oversized argument. The message
+    names the task and the argument."""
 
 
 class LockContended(RedlockError):
