@@ -47,7 +47,7 @@ from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_ur
 from .errors import ConfigurationError
 from .scripts import ALL_SCRIPTS, Script
 
-__all__ = ["Command", "Node", "NodeSet", "pack"]
+__all__ = ["NOT_AWAITED", "Command", "Node", "NodeSet", "pack"]
 
 
 #: Replies a connection may still owe before it is closed instead of reused: a node
@@ -102,6 +102,17 @@ class Command:
 # -- replies ------------------------------------------------------------------------
 
 _INCOMPLETE: Final = object()
+
+
+class _NotAwaited:
+    """A node whose reply the round stopped waiting for: the outcome was decided."""
+
+    def __repr__(self) -> str:
+        return "NOT_AWAITED"
+
+
+#: In a round's results: the outcome was decided before this node answered.
+NOT_AWAITED: Final = _NotAwaited()
 
 _ERROR_CLASSES: Final[dict[str, type[rexc.RedisError]]] = {
     "NOSCRIPT": rexc.NoScriptError,
@@ -572,14 +583,19 @@ class NodeSet:
                     conns[i].close()  # type: ignore[union-attr]
                     conns[i] = None
                 no += 1
-        if wait:
-            self._collect(command, conns, results, deadline, is_yes, enough_yes, enough_no, no)
+        timed_out = wait and self._collect(
+            command, conns, results, deadline, is_yes, enough_yes, enough_no, no
+        )
         for i, conn in enumerate(conns):
             if conn is not None:
                 conn.node.checkin(conn)
             if results[i] is _INCOMPLETE:
-                results[i] = rexc.TimeoutError(
-                    f"{self.nodes[i].address}: no reply within {timeout * 1000:.0f} ms"
+                results[i] = (
+                    rexc.TimeoutError(
+                        f"{self.nodes[i].address}: no reply within {timeout * 1000:.0f} ms"
+                    )
+                    if timed_out
+                    else NOT_AWAITED
                 )
         return results
 
@@ -593,7 +609,8 @@ class NodeSet:
         enough_yes: int,
         enough_no: int,
         no: int,
-    ) -> None:
+    ) -> bool:
+        """Read replies until decided (False) or the deadline passed (True)."""
         yes = 0
         poller = select.poll()
         by_fd: dict[int, int] = {}
@@ -605,7 +622,7 @@ class NodeSet:
         while by_fd and yes < enough_yes and no < enough_no:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                return
+                return True
             events = poller.poll(math.ceil(remaining * 1000))
             for fd, event in events:
                 i = by_fd.get(fd, -1)
@@ -641,3 +658,4 @@ class NodeSet:
                     del by_fd[fd]
                 elif conn.sock is not None:
                     poller.modify(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        return False

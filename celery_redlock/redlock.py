@@ -170,6 +170,7 @@ class Lease:
         self._released = False
         self._lost_reason: Optional[str] = None
         self._on_lost: list[Callable[[Lease], Any]] = []
+        self._on_extended: list[Callable[[Lease], Any]] = []
         self._lost_fired = False
         self._lock = threading.RLock()
 
@@ -227,6 +228,11 @@ class Lease:
         with self._lock:
             self._on_lost.append(callback)
 
+    def on_extended(self, callback: Callable[[Lease], Any]) -> None:
+        """Call ``callback(lease)`` after each successful extension."""
+        with self._lock:
+            self._on_extended.append(callback)
+
     def mark_lost(self, reason: str) -> None:
         """Record that the lease is gone and run the ``on_lost`` callbacks once."""
         with self._lock:
@@ -275,16 +281,23 @@ class Lease:
             )
             finished = redlock._clock()
             won = sum(1 for r in results if r == 1)
-            if won >= need and finished < self._deadline:
+            extended = won >= need and finished < self._deadline
+            if extended:
                 self._deadline = started + new_ttl - redlock._margin(new_ttl)
                 self.extensions += 1
-                return True
+            callbacks = list(self._on_extended)
+        if not extended:
             errors = [r for r in results if isinstance(r, BaseException)]
-            reason = f"extension reached {won} of {len(results)} nodes, needed {need}" + (
-                f" ({errors[0]})" if errors else ""
-            )
-        self.mark_lost(reason)
-        return False
+            detail = f" ({errors[0]})" if errors else ""
+            reached = f"extension reached {won} of {len(results)} nodes, needed {need}"
+            self.mark_lost(reached + detail)
+            return False
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lock_extended callback failed for %s", self.key)
+        return True
 
     def release(self) -> None:
         """Delete the key on all nodes where it still holds our token. Idempotent.
@@ -537,7 +550,7 @@ class Redlock:
                 )
         # Lost: undo on every node, without waiting for anyone.
         nodeset.round(Command(scripts.RELEASE, [key], [value]), 0.0, wait=False)
-        return self._why_not(key, results, len(granted))
+        return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
         """Second round of a fenced acquire: the fence T = 1 + the highest counter the
@@ -565,28 +578,30 @@ class Redlock:
             return fence
         return None
 
-    def _why_not(self, key: str, results: list[object], granted: int) -> _Attempt:
+    def _why_not(self, key: str, results: list[object]) -> _Attempt:
+        """Contention (someone holds the key) or an outage (too few nodes answered)?"""
+        count = len(results)
+        need = self.quorum
         refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
         errors = {
             self._nodes.nodes[i].address: r
             for i, r in enumerate(results)
             if isinstance(r, BaseException)
         }
-        need = self.quorum
-        if granted + len(errors) >= need and errors:
-            # Had the silent nodes said yes we would have won: an outage, not contention.
+        if errors and len(refusals) <= count - need:
+            # The refusals alone did not rule out a quorum: the silent nodes did.
             return _Attempt(unavailable=QuorumUnavailable(key, errors, need))
         holders = Counter(_split_value(r[0])[1] or "unknown" for r in refusals)
         holder = holders.most_common(1)[0][0] if holders else None
         # The lock frees when enough refusing nodes expire to make a quorum with the
-        # free ones: that is the k-th shortest remaining TTL among the refusals.
+        # others: that is the k-th shortest remaining TTL among the refusals.
         ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
-        missing = need - (len(results) - len(refusals) - len(errors))
+        missing = need - (count - len(refusals))
         holder_ttl = None
         if 0 < missing <= len(ttls):
             holder_ttl = ttls[missing - 1] / 1000.0
-        elif not refusals and not errors:
-            holder_ttl = 0.0  # split vote or slow round: nobody holds it, retry soon
+        elif not refusals:
+            holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
         return _Attempt(holder=holder, holder_ttl=holder_ttl)
 
     @contextmanager
