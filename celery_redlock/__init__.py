@@ -5,19 +5,33 @@ Public API only; see README.md for a guide.
 
 from __future__ import annotations
 
-from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable, RedlockError
+from . import signals
+from .errors import (
+    ConfigurationError,
+    LockContended,
+    LockKeyError,
+    LockLost,
+    QuorumUnavailable,
+    RedlockError,
+)
 from .redlock import HolderInfo, Lease, NodeHolding, Redlock
+from .task import SKIPPED, RedlockTask, redlock_task
 
 __all__ = [
+    "SKIPPED",
     "ConfigurationError",
     "HolderInfo",
     "Lease",
     "LockContended",
+    "LockKeyError",
     "LockLost",
     "NodeHolding",
     "QuorumUnavailable",
     "Redlock",
     "RedlockError",
+    "RedlockTask",
+    "redlock_task",
+    "signals",
 ]
 
 __version__ = "0.1.0"

@@ -46,21 +46,22 @@ class LockContended(RedlockError):
     """The lock is held by someone else.
 
     ``holder`` is the holder's description as stored with its token (for a task:
-    ``task-id@hostname:pid``), ``ttl`` its remaining time to live in seconds as seen
+    ``task-id@worker:pid``), ``ttl`` its remaining time to live in seconds as seen
     by the nodes that refused us (``None`` when unknown).
     """
 
+    # The fields are the exception's args: Celery's result backends rebuild an
+    # exception as ``cls(*args)``, so they survive the trip to the caller.
     def __init__(self, key: str, holder: Optional[str] = None, ttl: Optional[float] = None) -> None:
+        super().__init__(key, holder, ttl)
         self.key = key
         self.holder = holder
         self.ttl = ttl
-        who = holder or "unknown holder"
-        left = f", {ttl:.3f}s left" if ttl is not None else ""
-        super().__init__(f"lock {key!r} is held by {who}{left}")
 
-    def __reduce__(self) -> tuple[type[LockContended], tuple[str, Optional[str], Optional[float]]]:
-        # Celery pickles exceptions into the result backend: keep the fields.
-        return (type(self), (self.key, self.holder, self.ttl))
+    def __str__(self) -> str:
+        who = self.holder or "unknown holder"
+        left = f", {self.ttl:.3f}s left" if self.ttl is not None else ""
+        return f"lock {self.key!r} is held by {who}{left}"
 
 
 class LockLost(RedlockError):
@@ -68,33 +69,30 @@ class LockLost(RedlockError):
     token is gone. Work guarded by it must stop (or be fenced)."""
 
     def __init__(self, key: str, reason: str = "validity ran out") -> None:
+        super().__init__(key, reason)
         self.key = key
         self.reason = reason
-        super().__init__(f"lock {key!r} was lost: {reason}")
 
-    def __reduce__(self) -> tuple[type[LockLost], tuple[str, str]]:
-        return (type(self), (self.key, self.reason))
+    def __str__(self) -> str:
+        return f"lock {self.key!r} was lost: {self.reason}"
 
 
 class QuorumUnavailable(RedlockError):
     """Fewer than a majority of the nodes could answer in time.
 
-    ``errors`` maps each failing node (its address) to what went wrong there.
+    ``errors`` maps each failing node (its address) to what went wrong there (an
+    exception; a str once the error has crossed a result backend).
     """
 
-    def __init__(self, key: str, errors: Mapping[str, BaseException], needed: int) -> None:
+    def __init__(self, key: str, errors: Mapping[str, object], needed: int) -> None:
+        super().__init__(key, {node: str(err) for node, err in errors.items()}, needed)
         self.key = key
         self.errors = dict(errors)
         self.needed = needed
+
+    def __str__(self) -> str:
         detail = "; ".join(
             str(err) if str(err).startswith(node) else f"{node}: {err}"
             for node, err in self.errors.items()
         )
-        super().__init__(
-            f"lock {key!r}: a quorum of {needed} nodes could not be reached ({detail})"
-        )
-
-    def __reduce__(
-        self,
-    ) -> tuple[type[QuorumUnavailable], tuple[str, dict[str, BaseException], int]]:
-        return (type(self), (self.key, self.errors, self.needed))
+        return f"lock {self.key!r}: a quorum of {self.needed} nodes could not be reached ({detail})"

@@ -1,0 +1,385 @@
+"""RedlockTask: Celery tasks that never run twice at once for the same key.
+
+Worker side -- declare the task with the base class (or the decorator)::
+
+    from celery_redlock import RedlockTask, redlock_task
+
+    @app.task(base=RedlockTask, redlock_key="import:{customer_id}", redlock_ttl=60)
+    def import_customer(customer_id, full=False):
+        ...
+
+    @redlock_task(app, bind=True, redlock_on_contended="skip")
+    def nightly_report(self):
+        for chunk in chunks():
+            self.redlock.ensure_held()          # raises LockLost if the lock was lost
+            write(chunk, fence=self.redlock.fence)
+
+Caller side -- nothing changes: ``import_customer.delay(42)``. A duplicate that finds
+the lock taken is retried later (``"retry"``, the default), dropped with state
+``SKIPPED`` (``"skip"``) or failed with ``LockContended`` (``"fail"``); the worker logs
+one WARNING line per contention naming the task, key, holder and what happens next.
+
+What happens to the lock when:
+
+- the task returns or raises: released in ``after_return``;
+- the task calls ``self.retry()`` (or ``autoretry_for`` does): released *before* the
+  retry is published, so the next attempt finds the lock free;
+- the task raises ``Ignore`` / ``Reject``: released by the ``task_postrun`` handler;
+- the worker child is SIGKILLed, hits its hard time limit, or is revoked with
+  ``terminate=True``: the child and its watchdog die with it, nothing is released,
+  and the lock frees itself within ``redlock_ttl`` (the renewal stops at once);
+- the message is redelivered (``acks_late``, visibility timeout) while the first
+  execution still runs: the redelivery does not share the first one's token, so it
+  meets a held lock and waits (retry) instead of running beside it;
+- revoke before start: the task never ran, so it never held the lock.
+
+The lock is taken in ``before_start``, which Celery runs for every delivery and for
+``apply()`` / ``task_always_eager``, not for a direct call ``task(x)`` (that runs
+inline, unlocked, as Celery calls it without its hooks).
+
+Per-execution state lives on ``self.request`` (one Context per run, per thread), never
+on ``self``, which the threads pool shares.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any, Callable, Optional
+
+from celery import Task
+from celery.exceptions import Ignore, Retry
+from celery.signals import task_postrun
+
+from . import signals
+from .config import TASK_OPTIONS, TaskOptions, app_config
+from .errors import ConfigurationError, LockContended, QuorumUnavailable
+from .keys import lock_key
+from .redlock import Lease
+from .watchdog import get_watchdog
+
+__all__ = ["SKIPPED", "RedlockTask", "redlock_task", "retry_countdown"]
+
+logger = logging.getLogger(__name__)
+
+#: Result state of a duplicate dropped by ``redlock_on_contended="skip"``.
+SKIPPED = "SKIPPED"
+#: Message header counting lock retries (kept apart from the task's own ``retries``).
+RETRIES_HEADER = "redlock_retries"
+#: A contended retry waits at least this fraction of the holder's remaining TTL.
+HOLDER_TTL_FRACTION = 0.1
+#: ...and never less than this (seconds): a zero countdown would spin on the broker.
+MIN_COUNTDOWN = 0.05
+
+
+def retry_countdown(
+    attempt: int,
+    backoff: float,
+    backoff_max: float,
+    holder_ttl: Optional[float],
+    rng: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds before lock retry ``attempt`` (1-based): exponential backoff with full
+    jitter, at least a fraction of the holder's remaining TTL, capped at ``backoff_max``.
+
+    Full jitter spreads a herd of duplicates over the whole window instead of
+    waking them together; the TTL floor keeps them from polling a lock that is
+    certainly held for a long while yet.
+    """
+    ceiling = min(backoff_max, backoff * 2 ** (attempt - 1))
+    countdown = rng(0.0, ceiling)
+    if holder_ttl is not None and holder_ttl > 0:
+        countdown = max(countdown, holder_ttl * HOLDER_TTL_FRACTION)
+    return min(backoff_max, max(MIN_COUNTDOWN, countdown))
+
+
+def _static_option(task: Any, name: str) -> Any:
+    """A class attribute as declared: a function given as redlock_key must not bind."""
+    value = inspect.getattr_static(task, name, None)
+    if isinstance(value, (staticmethod, classmethod)):
+        return value.__func__
+    return value
+
+
+class RedlockTask(Task):  # type: ignore[misc]
+    """A Celery task that holds a Redlock, keyed on its arguments, while it runs.
+
+    Every option below defaults to the app-wide ``redlock_*`` setting of the same
+    name (see README); set it per task with ``@app.task(base=RedlockTask, ...)``.
+    """
+
+    #: Lock key: ``None`` (task name + every argument, hashed), a template such as
+    #: ``"import:{customer_id}"`` (shared by every task using it), a list of argument
+    #: names, or a callable taking the task's arguments and returning a str.
+    redlock_key: Any = None
+    #: Lease length in seconds; the watchdog renews at a third of it.
+    redlock_ttl: Optional[float] = None
+    #: When another holder has the lock: ``"retry"``, ``"skip"`` or ``"fail"``.
+    redlock_on_contended: Optional[str] = None
+    #: First lock retry's backoff ceiling in seconds (doubles per attempt).
+    redlock_retry_backoff: Optional[float] = None
+    #: Cap on one lock retry's countdown, seconds.
+    redlock_retry_backoff_max: Optional[float] = None
+    #: Lock retries allowed (independent of the task's own ``max_retries``).
+    redlock_max_retries: Optional[int] = None
+    #: After the last lock retry: ``"fail"`` (LockContended) or ``"skip"``.
+    redlock_on_retries_exhausted: Optional[str] = None
+    #: Renew the lease while the task runs (watchdog thread).
+    redlock_auto_extend: Optional[bool] = None
+    #: Longest total hold in seconds; also bounded by the task's hard time limit.
+    redlock_max_hold: Optional[float] = None
+    #: Give the lease a fence number (``self.redlock.fence``), strictly increasing.
+    redlock_fencing: Optional[bool] = None
+    #: Deadline of one round to all lock nodes, seconds.
+    redlock_node_timeout: Optional[float] = None
+
+    # -- what the task body sees ------------------------------------------------------
+
+    @property
+    def redlock(self) -> Optional[Lease]:
+        """This execution's Lease (``None`` outside a locked execution)."""
+        return getattr(self.request, "redlock_lease", None)
+
+    def lock_key(self, args: Any = (), kwargs: Any = None) -> str:
+        """The lock key of a call with these arguments (same at enqueue and run time)."""
+        options = self.redlock_options()
+        return lock_key(
+            self.name,
+            self.run,
+            tuple(args or ()),
+            dict(kwargs or {}),
+            prefix=app_config(self.app).key_prefix,
+            spec=options.key,
+        )
+
+    def redlock_options(self) -> TaskOptions:
+        """This task's validated lock options (raises ConfigurationError naming a bad one).
+
+        Validated on first use and cached on the task instance (one per process).
+        """
+        cached: Optional[TaskOptions] = self.__dict__.get("_redlock_options")
+        if cached is not None:
+            return cached
+        unknown = sorted(
+            name
+            for klass in type(self).__mro__
+            for name in vars(klass)
+            if name.startswith("redlock_")
+            and name not in TASK_OPTIONS
+            and name != "redlock_options"
+        )
+        if unknown:
+            raise ConfigurationError(
+                f"task {self.name}: unknown option {unknown[0]!r}; accepted: "
+                + ", ".join(TASK_OPTIONS)
+            )
+        declared = {name: _static_option(self, name) for name in TASK_OPTIONS}
+        options = app_config(self.app).options_for(declared)
+        self.__dict__["_redlock_options"] = options
+        return options
+
+    # -- Celery hooks ---------------------------------------------------------------------
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        super().before_start(task_id, args, kwargs)
+        self._redlock_acquire(task_id, args, kwargs)
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        self._redlock_release()
+        super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        # Celery publishes the retry before raising and skips after_return on RETRY:
+        # release first, or the next attempt would find our own lock.
+        self._redlock_release()
+        return super().retry(*args, **kwargs)
+
+    # -- acquire ------------------------------------------------------------------------
+
+    def _redlock_acquire(self, task_id: str, args: Any, kwargs: Any) -> None:
+        request = self.request
+        request.redlock_lease = None
+        options = self.redlock_options()
+        config = app_config(self.app)
+        key = self.lock_key(args, kwargs)
+        worker = request.hostname or socket.gethostname()
+        holder = f"{task_id}@{worker}:{os.getpid()}"
+        redlock = config.redlock(options.node_timeout, options.fencing)
+        started = time.monotonic()
+        try:
+            lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
+        except LockContended as exc:
+            self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
+        except QuorumUnavailable as exc:
+            self._redlock_contended(key, options, exc, None, None)
+        hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
+        if hard_limit:
+            lease.max_hold = min(options.max_hold, float(hard_limit))
+        else:
+            lease.max_hold = options.max_hold
+        request.redlock_lease = lease
+        if options.auto_extend:
+            lease.on_extended(self._redlock_extended_callback(task_id))
+            lease.on_lost(self._redlock_lost_callback(task_id))
+            get_watchdog().watch(lease)
+        signals.lock_acquired.send(
+            sender=self, task_id=task_id, key=key, lease=lease, elapsed=time.monotonic() - started
+        )
+
+    def _redlock_contended(
+        self,
+        key: str,
+        options: TaskOptions,
+        exc: Exception,
+        holder: Optional[str],
+        ttl: Optional[float],
+    ) -> Any:
+        """Retry, skip or fail this duplicate; always raises."""
+        request = self.request
+        attempt = self._redlock_retries() + 1
+        action = options.on_contended
+        exhausted = action == "retry" and attempt > options.max_retries
+        if exhausted:
+            action = options.on_retries_exhausted
+        countdown = None
+        if action == "retry":
+            countdown = retry_countdown(
+                attempt, options.retry_backoff, options.retry_backoff_max, ttl
+            )
+            then = f"retry in {countdown:.1f}s (attempt {attempt}/{options.max_retries})"
+        elif exhausted:
+            then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
+        else:
+            then = "skipped" if action == "skip" else "failed"
+        if isinstance(exc, QuorumUnavailable):
+            logger.error(
+                "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
+                self.name, request.id, key, exc, then,
+            )  # fmt: skip
+        else:
+            left = f"{ttl:.1f}s" if ttl is not None else "unknown"
+            logger.warning(
+                "lock contended: task %s[%s] key %s held by %s (%s left) -> %s",
+                self.name, request.id, key, holder or "unknown", left, then,
+            )  # fmt: skip
+        signals.lock_contended.send(
+            sender=self,
+            task_id=request.id,
+            key=key,
+            holder=holder,
+            ttl=ttl,
+            action=action,
+            countdown=countdown,
+            attempt=attempt if action == "retry" else None,
+        )
+        if action == "retry":
+            assert countdown is not None
+            raise self._redlock_retry(countdown, attempt, exc)
+        if action == "skip":
+            self._mark_skipped(key, holder, exhausted)
+            raise Ignore(f"skipped: lock {key} held by {holder or 'unknown'}")
+        raise exc
+
+    def _redlock_retries(self) -> int:
+        request = self.request
+        value = getattr(request, RETRIES_HEADER, None)
+        if value is None:
+            value = (request.headers or {}).get(RETRIES_HEADER, 0)
+        try:
+            return max(0, int(value))
+        except (TypeError, ValueError):
+            return 0
+
+    def _redlock_retry(self, countdown: float, attempt: int, exc: Exception) -> Retry:
+        """Publish this task again in ``countdown`` s, counting a lock retry.
+
+        Not ``self.retry()``: that would spend the task's own ``max_retries`` budget
+        and bump ``request.retries``, which the body may use for its own backoff.
+        """
+        request = self.request
+        headers = dict(request.headers or {})
+        headers[RETRIES_HEADER] = attempt
+        signature = self.signature_from_request(
+            request, None, None, countdown=countdown, headers=headers
+        )
+        if request.is_eager:
+            # apply() runs the retry inline and ignores the countdown: wait here.
+            time.sleep(countdown)
+            return Retry(exc=exc, when=countdown, is_eager=True, sig=signature)
+        signature.apply_async()
+        return Retry(exc=exc, when=countdown, sig=signature)
+
+    def _mark_skipped(self, key: str, holder: Optional[str], exhausted: bool) -> None:
+        request = self.request
+        if request.is_eager or request.ignore_result or self.ignore_result:
+            return
+        try:
+            self.update_state(
+                state=SKIPPED,
+                meta={"key": key, "holder": holder, "retries_exhausted": exhausted},
+            )
+        except Exception:  # no result backend, or it is down: the log line remains
+            logger.debug("could not store SKIPPED for %s", request.id, exc_info=True)
+
+    def _redlock_extended_callback(self, task_id: str) -> Callable[[Lease], None]:
+        def extended(lease: Lease) -> None:
+            signals.lock_extended.send(sender=self, task_id=task_id, key=lease.key, lease=lease)
+
+        return extended
+
+    def _redlock_lost_callback(self, task_id: str) -> Callable[[Lease], None]:
+        def lost(lease: Lease) -> None:
+            reason = lease.lost_reason or "unknown"
+            logger.error(
+                "lock lost: task %s[%s] key %s: %s; the task no longer runs exclusively",
+                self.name, task_id, lease.key, reason,
+            )  # fmt: skip
+            signals.lock_lost.send(
+                sender=self, task_id=task_id, key=lease.key, lease=lease, reason=reason
+            )
+
+        return lost
+
+    # -- release ------------------------------------------------------------------------
+
+    def _redlock_release(self) -> None:
+        """Release this execution's lease, if it won one and still has it. Idempotent."""
+        lease = self.redlock
+        if lease is None or lease.released:
+            return
+        get_watchdog().unwatch(lease)
+        try:
+            lease.release()
+        except Exception:  # the lock frees itself at TTL; never fail the task here
+            logger.exception("releasing lock %s failed; it expires within its TTL", lease.key)
+            return
+        signals.lock_released.send(
+            sender=self,
+            task_id=self.request.id,
+            key=lease.key,
+            lease=lease,
+            held_for=time.monotonic() - lease.acquired_at,
+        )
+
+
+def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
+    # Ignore, Reject and Retry raised by the body skip after_return; postrun runs in
+    # the trace's finally, with the request still in place.
+    if isinstance(sender, RedlockTask):
+        sender._redlock_release()
+
+
+task_postrun.connect(_release_on_every_exit, weak=False)
+
+
+def redlock_task(app: Any, *args: Any, **options: Any) -> Any:
+    """``@redlock_task(app, redlock_on_contended="skip")``: ``app.task`` with RedlockTask
+    as base; takes every ``app.task`` and ``redlock_*`` option."""
+    options.setdefault("base", RedlockTask)
+    return app.task(*args, **options)

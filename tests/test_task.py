@@ -1,0 +1,483 @@
+"""RedlockTask with an embedded Celery worker, a real Redis broker and 5 real lock nodes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.exceptions import Ignore
+from celery.result import AsyncResult
+
+from celery_redlock import (
+    SKIPPED,
+    ConfigurationError,
+    LockContended,
+    LockKeyError,
+    RedlockTask,
+    redlock_task,
+    signals,
+)
+from celery_redlock.testing import RedisCluster, RedisServer
+
+
+class Recorder:
+    """Collects what the tasks and signals report, from any thread."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, name: str) -> Any:
+        def receiver(sender: Any = None, **kwargs: Any) -> None:
+            with self.lock:
+                self.events.append((name, {"sender": sender, **kwargs}))
+
+        return receiver
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [kw for n, kw in self.events if n == name]
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    rec = Recorder()
+    receivers = {
+        signal: rec(signal.name)
+        for signal in (
+            signals.lock_acquired,
+            signals.lock_contended,
+            signals.lock_extended,
+            signals.lock_lost,
+            signals.lock_released,
+        )
+    }
+    for signal, receiver in receivers.items():
+        signal.connect(receiver, weak=False)
+    yield rec
+    for signal, receiver in receivers.items():
+        signal.disconnect(receiver)
+
+
+@pytest.fixture
+def broker(redis_server_factory: Any) -> RedisServer:
+    server: RedisServer = redis_server_factory()
+    return server
+
+
+@pytest.fixture
+def app(broker: RedisServer, redis_nodes: RedisCluster) -> Celery:
+    app = Celery("redlock_tests", broker=broker.url, backend=broker.url, set_as_current=False)
+    app.conf.task_create_missing_queues = True
+    app.conf.redlock_nodes = redis_nodes.urls
+    app.conf.redlock_retry_backoff = 0.1
+    app.conf.redlock_retry_backoff_max = 0.3
+    app.conf.result_extended = True
+    app.conf.broker_connection_retry_on_startup = True
+    return app
+
+
+def _occupancy(broker: RedisServer) -> redis.Redis:
+    return broker.client()
+
+
+def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
+    """Tasks used across the tests; the occupancy counter lives on the broker Redis."""
+    counter = broker.client()
+
+    @app.task(
+        shared=False, bind=True, base=RedlockTask, redlock_ttl=5, redlock_key=["tag"], name="t.hold"
+    )
+    def hold(self: RedlockTask, seconds: float, tag: str = "x") -> dict[str, Any]:
+        if counter.incr(f"occ:{tag}") != 1:
+            counter.incr("overlaps")
+        time.sleep(seconds)
+        counter.decr(f"occ:{tag}")
+        lease = self.redlock
+        assert lease is not None
+        return {"key": lease.key, "retries": self.request.retries, "held": lease.held}
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_ttl=5,
+        redlock_on_contended="skip",
+        name="t.skip",
+    )
+    def skipper(self: RedlockTask, seconds: float, tag: str = "x") -> str:
+        time.sleep(seconds)
+        return "ran"
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_ttl=5,
+        redlock_on_contended="fail",
+        name="t.fail",
+    )
+    def failer(self: RedlockTask, seconds: float, tag: str = "x") -> str:
+        time.sleep(seconds)
+        return "ran"
+
+    @app.task(shared=False, bind=True, base=RedlockTask, redlock_ttl=30, name="t.handoff")
+    def handoff(self: RedlockTask, tag: str) -> dict[str, Any]:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return {"retries": self.request.retries}
+
+    class Flaky(Exception):
+        pass
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_ttl=30,
+        autoretry_for=(Flaky,),
+        retry_kwargs={"countdown": 0, "max_retries": 2},
+        name="t.autoretry",
+    )
+    def autoretry(self: RedlockTask, tag: str) -> int:
+        if self.request.retries < 2:
+            raise Flaky("again")
+        return int(self.request.retries)
+
+    @app.task(shared=False, bind=True, base=RedlockTask, redlock_ttl=30, name="t.ignore")
+    def ignorer(self: RedlockTask, tag: str) -> None:
+        raise Ignore()
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_ttl=0.6,
+        redlock_key="long:{tag}",
+        name="t.long",
+    )
+    def long_job(self: RedlockTask, seconds: float, tag: str) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        lease = self.redlock
+        assert lease is not None
+        return {"extensions": lease.extensions, "held": lease.held}
+
+    return {
+        "hold": hold,
+        "skip": skipper,
+        "fail": failer,
+        "handoff": handoff,
+        "autoretry": autoretry,
+        "ignore": ignorer,
+        "long": long_job,
+        "counter": counter,
+    }
+
+
+@pytest.fixture
+def tasks(app: Celery, broker: RedisServer) -> dict[str, Any]:
+    return _define(app, broker)
+
+
+@pytest.fixture
+def worker(app: Celery, tasks: dict[str, Any]) -> Iterator[Any]:
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False) as w:
+        yield w
+
+
+def _wait(result: AsyncResult, timeout: float = 15) -> Any:
+    return result.get(timeout=timeout, propagate=False)
+
+
+def _eventually(check: Any, timeout: float = 5) -> None:
+    """The result is stored before after_return runs: give the hooks a moment."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.02)
+
+
+def _wait_state(result: AsyncResult, state: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.state == state:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{result.id} stayed {result.state}, expected {state}")
+
+
+# -- contention modes ---------------------------------------------------------------------
+
+
+def test_duplicate_is_retried_until_the_holder_finishes_and_never_overlaps(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_redlock.task")
+    first = tasks["hold"].delay(0.6, tag="r")
+    time.sleep(0.2)
+    second = tasks["hold"].delay(0.1, tag="r")
+    one, two = _wait(first), _wait(second)
+    assert first.state == second.state == "SUCCESS"
+    assert one["key"] == two["key"]
+    assert tasks["counter"].get("overlaps") is None
+    assert two["retries"] == 0  # lock retries do not spend the task's own retries
+    contended = recorder.of("lock_contended")
+    assert contended and all(c["action"] == "retry" for c in contended)
+    assert contended[0]["holder"].startswith(first.id + "@")
+    assert contended[0]["attempt"] == 1 and contended[0]["countdown"] > 0
+    lines = [r.getMessage() for r in caplog.records if "lock contended" in r.getMessage()]
+    assert len(lines) == len(contended)
+    assert f"t.hold[{second.id}]" in lines[0]
+    assert f"held by {first.id}@" in lines[0]
+    assert "s left) -> retry in " in lines[0] and "(attempt 1/20)" in lines[0]
+
+
+def test_skip_drops_the_duplicate_and_marks_it_skipped(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="celery_redlock.task")
+    first = tasks["skip"].delay(0.6, tag="s")
+    time.sleep(0.2)
+    second = tasks["skip"].delay(0.6, tag="s")
+    _wait_state(second, SKIPPED)
+    assert second.info["holder"].startswith(first.id + "@")
+    assert _wait(first) == "ran"
+    assert second.state == SKIPPED  # not a silent success
+    assert [c["action"] for c in recorder.of("lock_contended")] == ["skip"]
+    assert any(
+        r.getMessage().endswith("-> skipped") and second.id in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_fail_raises_lock_contended_naming_the_holder(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    first = tasks["fail"].delay(0.6, tag="f")
+    time.sleep(0.2)
+    second = tasks["fail"].delay(0.6, tag="f")
+    error = _wait(second)
+    assert second.state == "FAILURE"
+    assert isinstance(error, LockContended)
+    assert error.holder is not None and error.holder.startswith(first.id + "@")
+    assert _wait(first) == "ran"
+
+
+def test_distinct_keys_run_in_parallel(worker: Any, tasks: dict[str, Any]) -> None:
+    start = time.monotonic()
+    results = [tasks["hold"].delay(0.5, tag=f"p{i}") for i in range(4)]
+    for result in results:
+        assert result.get(timeout=10)["held"]
+    assert time.monotonic() - start < 1.5  # four 0.5 s tasks, side by side
+
+
+def test_lock_retries_exhausted_fail_with_lock_contended(
+    app: Celery, broker: RedisServer, redis_nodes: RedisCluster
+) -> None:
+    @app.task(shared=False, bind=True, base=RedlockTask, redlock_max_retries=2, name="t.budget")
+    def budget(self: RedlockTask) -> str:
+        return "ran"
+
+    from celery_redlock import Redlock
+
+    blocker = Redlock(redis_nodes.urls).acquire(budget.lock_key((), {}), ttl=30)
+    assert blocker is not None
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        result = budget.delay()
+        error = _wait(result)
+    assert isinstance(error, LockContended)
+    blocker.release()
+
+
+# -- release on every path -------------------------------------------------------------
+
+
+def test_retry_while_holding_hands_the_lock_to_the_next_attempt_at_once(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    result = tasks["handoff"].delay("h")
+    assert _wait(result, 10) == {"retries": 1}
+    assert recorder.of("lock_contended") == []  # the next attempt found it free
+    assert len(recorder.of("lock_acquired")) == 2
+    _eventually(lambda: len(recorder.of("lock_released")) == 2)
+
+
+def test_autoretry_for_hands_the_lock_over_too(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    result = tasks["autoretry"].delay("a")
+    assert _wait(result, 10) == 2
+    assert recorder.of("lock_contended") == []
+
+
+def test_ignore_from_the_body_still_releases(
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
+) -> None:
+    result = tasks["ignore"].delay("i")
+    _eventually(lambda: bool(recorder.of("lock_released")), timeout=10)
+    key = tasks["ignore"].lock_key(("i",), {})
+    assert recorder.of("lock_released")[0]["key"] == key
+    assert all(server.client().get(key) is None for server in redis_nodes)
+    assert result.id
+
+
+def test_watchdog_keeps_the_lock_for_three_times_its_ttl(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisCluster
+) -> None:
+    result = tasks["long"].delay(1.8, tag="w")  # ttl 0.6 s
+    from celery_redlock import Redlock
+
+    other = Redlock(redis_nodes.urls, ttl=5)
+    time.sleep(0.2)
+    key = "redlock:long:w"
+    for _ in range(15):
+        assert other.acquire(key, blocking=False) is None
+        time.sleep(0.1)
+    outcome = _wait(result)
+    assert outcome["held"] and outcome["extensions"] >= 3
+    assert len(recorder.of("lock_extended")) >= 3
+    assert recorder.of("lock_lost") == []
+
+
+def test_losing_quorum_mid_task_fires_lock_lost_and_logs_an_error(
+    worker: Any,
+    tasks: dict[str, Any],
+    recorder: Recorder,
+    redis_nodes: RedisCluster,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="celery_redlock.task")
+    result = tasks["long"].delay(1.5, tag="lost")
+    time.sleep(0.3)
+    servers = list(redis_nodes)[:3]
+    for server in servers:
+        server.pause()
+    try:
+        deadline = time.monotonic() + 2
+        while not recorder.of("lock_lost") and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        for server in servers:
+            server.resume()
+    lost = recorder.of("lock_lost")
+    assert len(lost) == 1 and lost[0]["key"] == "redlock:long:lost"
+    assert "needed 3" in lost[0]["reason"]
+    assert _wait(result)["held"] is False
+    errors = [r for r in caplog.records if r.getMessage().startswith("lock lost:")]
+    assert len(errors) == 1 and result.id in errors[0].getMessage()
+
+
+# -- keys, eager mode and signals ---------------------------------------------------------
+
+
+def test_call_forms_share_a_key(tasks: dict[str, Any]) -> None:
+    task = tasks["fail"]  # default key: every argument
+    key = task.lock_key((1.0,), {"tag": "k"})
+    assert key == task.lock_key((), {"seconds": 1.0, "tag": "k"})
+    assert key == task.lock_key((), {"tag": "k", "seconds": 1.0})
+    assert task.lock_key((1.0,), {}) == task.lock_key((1.0, "x"), {})  # default applied
+    assert key != task.lock_key((2.0,), {"tag": "k"})
+    assert key.startswith("redlock:t.fail:")
+    hold = tasks["hold"]  # keyed on ["tag"] only
+    assert hold.lock_key((1.0,), {"tag": "k"}) == hold.lock_key((9.0,), {"tag": "k"})
+
+
+def test_apply_locks_and_releases_like_a_worker(
+    app: Celery, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisCluster
+) -> None:
+    result = tasks["hold"].apply(args=(0.01,), kwargs={"tag": "e"})
+    assert result.successful()
+    assert len(recorder.of("lock_acquired")) == len(recorder.of("lock_released")) == 1
+    from celery_redlock import Redlock
+
+    key = tasks["fail"].lock_key((0.01,), {"tag": "e"})
+    blocker = Redlock(redis_nodes.urls).acquire(key, ttl=30)
+    assert blocker is not None
+    failed = tasks["fail"].apply(args=(0.01,), kwargs={"tag": "e"})
+    assert isinstance(failed.result, LockContended)
+    blocker.release()
+
+
+def test_always_eager_retries_inline_then_runs(
+    app: Celery, tasks: dict[str, Any], redis_nodes: RedisCluster
+) -> None:
+    from celery_redlock import Redlock
+
+    key = tasks["hold"].lock_key((0.01,), {"tag": "eager"})
+    blocker = Redlock(redis_nodes.urls).acquire(key, ttl=0.4)
+    assert blocker is not None
+    app.conf.task_always_eager = True
+    result = tasks["hold"].delay(0.01, tag="eager")
+    assert result.successful()
+
+
+def test_redlock_task_decorator_is_app_task_with_the_base(app: Celery) -> None:
+    @redlock_task(app, shared=False, redlock_on_contended="skip", name="t.decorated")
+    def nightly() -> str:
+        return "done"
+
+    assert isinstance(nightly, RedlockTask)
+    assert nightly.redlock_options().on_contended == "skip"
+    assert nightly.apply().get() == "done"
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"redlock_on_contended": "wait"}, "redlock_on_contended must be one of"),
+        ({"redlock_ttl": 0}, "redlock_ttl must be > 0"),
+        ({"redlock_ttl": "10"}, "redlock_ttl must be a finite number"),
+        ({"redlock_max_retries": -1}, "redlock_max_retries must be an int >= 0"),
+        ({"redlock_auto_extend": "yes"}, "redlock_auto_extend must be True or False"),
+        ({"redlock_tll": 5}, "unknown option 'redlock_tll'"),
+        ({"redlock_key": 42}, "redlock_key must be None"),
+        ({"redlock_key": "import:{nope}"}, "nope"),
+    ],
+)
+def test_bad_task_option_fails_the_task_with_a_clear_error_and_the_worker_lives_on(
+    app: Celery, tasks: dict[str, Any], options: dict[str, Any], expected: str
+) -> None:
+    def job(customer_id: int = 1) -> None:
+        return None
+
+    bad = app.task(shared=False, base=RedlockTask, name="t.bad", **options)(job)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        error = _wait(bad.delay())
+        assert isinstance(error, ConfigurationError)
+        assert expected in str(error)
+        assert _wait(tasks["hold"].delay(0.01, tag="alive"))["held"]
+
+
+def test_unknown_app_setting_is_named(app: Celery, tasks: dict[str, Any]) -> None:
+    app.conf.redlock_tll = 5
+    with pytest.raises(ConfigurationError, match="unknown setting 'redlock_tll'"):
+        tasks["hold"].apply(args=(0.01,), throw=True)
+
+
+def test_missing_nodes_with_a_non_redis_broker_is_a_clear_error() -> None:
+    app = Celery("nonredis", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+
+    @app.task(shared=False, base=RedlockTask, name="t.amqp")
+    def job() -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="redlock_nodes is not set and the broker"):
+        job.apply(throw=True)
+
+
+def test_argument_without_canonical_form_is_a_clear_error(tasks: dict[str, Any]) -> None:
+    with pytest.raises(LockKeyError, match=r"t\.hold") as caught:
+        tasks["hold"].apply(args=(0.01,), kwargs={"tag": object()}, throw=True)
+    assert "tag" in str(caught.value)
