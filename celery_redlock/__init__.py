@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import signals
 from .errors import (
+    AlreadyQueued,
     ConfigurationError,
     LockContended,
     LockKeyError,
@@ -19,6 +20,7 @@ from .task import SKIPPED, RedlockTask, redlock_task
 
 __all__ = [
     "SKIPPED",
+    "AlreadyQueued",
     "ConfigurationError",
     "HolderInfo",
     "Lease",

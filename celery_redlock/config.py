@@ -24,6 +24,7 @@ __all__ = ["DEFAULTS", "TASK_OPTIONS", "AppConfig", "TaskOptions", "app_config",
 
 ON_CONTENDED = ("retry", "skip", "fail")
 ON_EXHAUSTED = ("fail", "skip")
+ON_QUEUED = ("return", "raise")
 
 #: Every option with its default. Durations are seconds.
 DEFAULTS: dict[str, Any] = {
@@ -41,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "redlock_on_retries_exhausted": "fail",  # "fail" | "skip"
     "redlock_auto_extend": True,
     "redlock_max_hold": 3600.0,  # s, the watchdog stops extending after this
+    "redlock_dedupe_queued": False,  # at most one queued copy per lock key
+    "redlock_queued_ttl": 3600.0,  # s, a lost message frees its queue slot after this
+    "redlock_on_queued": "return",  # duplicate enqueue: "return" its AsyncResult | "raise"
 }
 
 #: Options a task may override with a class attribute.
@@ -56,6 +60,9 @@ TASK_OPTIONS = (
     "redlock_max_hold",
     "redlock_fencing",
     "redlock_node_timeout",
+    "redlock_dedupe_queued",
+    "redlock_queued_ttl",
+    "redlock_on_queued",
 )
 
 
@@ -133,6 +140,9 @@ class TaskOptions:
     max_hold: float
     fencing: bool
     node_timeout: float
+    dedupe_queued: bool
+    queued_ttl: float
+    on_queued: str
 
 
 def validate_options(values: dict[str, Any]) -> TaskOptions:
@@ -167,6 +177,9 @@ def validate_options(values: dict[str, Any]) -> TaskOptions:
         max_hold=_duration("redlock_max_hold", values["redlock_max_hold"]),
         fencing=_flag("redlock_fencing", values["redlock_fencing"]),
         node_timeout=_duration("redlock_node_timeout", values["redlock_node_timeout"]),
+        dedupe_queued=_flag("redlock_dedupe_queued", values["redlock_dedupe_queued"]),
+        queued_ttl=_duration("redlock_queued_ttl", values["redlock_queued_ttl"]),
+        on_queued=_choice("redlock_on_queued", values["redlock_on_queued"], ON_QUEUED),
     )
     if options.node_timeout >= options.ttl:
         raise ConfigurationError(

@@ -8,6 +8,7 @@
      |    +-- LockKeyError            a task's arguments cannot make a lock key
      |                                (names the task and the argument)
      +-- LockContended                another holder has the lock (holder, ttl)
+     |    +-- AlreadyQueued           a copy of the task is already queued (task_id)
      +-- LockLost                     a lease we held is no longer guaranteed
      +-- QuorumUnavailable            too few nodes answered (per-node errors)
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 __all__ = [
+    "AlreadyQueued",
     "ConfigurationError",
     "LockContended",
     "LockKeyError",
@@ -62,6 +64,20 @@ class LockContended(RedlockError):
         who = self.holder or "unknown holder"
         left = f", {self.ttl:.3f}s left" if self.ttl is not None else ""
         return f"lock {self.key!r} is held by {who}{left}"
+
+
+class AlreadyQueued(LockContended):
+    """A task with ``redlock_dedupe_queued`` is already queued with the same lock key.
+
+    ``task_id`` is the queued copy's id (``app.AsyncResult(task_id)`` follows it).
+    """
+
+    def __init__(self, key: str, task_id: Optional[str] = None, ttl: Optional[float] = None):
+        super().__init__(key, task_id, ttl)
+        self.task_id = task_id
+
+    def __str__(self) -> str:
+        return f"a copy of this task is already queued under {self.key!r} (task {self.task_id})"
 
 
 class LockLost(RedlockError):

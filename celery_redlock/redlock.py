@@ -638,6 +638,13 @@ class Redlock:
 
     # -- release and inspection ------------------------------------------------------
 
+    def release_value(self, key: str, value: str) -> None:
+        """Compare-and-delete ``key`` on all nodes if it still holds ``value`` (a
+        lease's ``token|holder``): releases a lock taken by another process that
+        handed its value over, e.g. in a message header. Never touches another
+        holder's lock."""
+        self._release(_check_key(key), value)
+
     def _release(self, key: str, value: str) -> None:
         self._nodes.round(
             Command(scripts.RELEASE, [key], [value]),

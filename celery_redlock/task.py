@@ -33,6 +33,15 @@ What happens to the lock when:
   meets a held lock and waits (retry) instead of running beside it;
 - revoke before start: the task never ran, so it never held the lock.
 
+Queue once (``redlock_dedupe_queued=True``): ``delay`` / ``apply_async`` (and beat,
+which calls them) first take a "queued" lock keyed like the run-time lock plus
+``:queued``, holding the new task id. A duplicate enqueue gets the queued copy's
+``AsyncResult`` back (or ``AlreadyQueued``, with ``redlock_on_queued="raise"``) and
+publishes nothing. When the queued copy wins its run-time lock, it hands the queued
+lock back, so one running + one queued copy is possible; revoke hands it back too, and
+a lost message frees it after ``redlock_queued_ttl``. ``app.send_task("name")`` does
+not go through the task class and is not de-duplicated.
+
 The lock is taken in ``before_start``, which Celery runs for every delivery and for
 ``apply()`` / ``task_always_eager``, not for a direct call ``task(x)`` (that runs
 inline, unlocked, as Celery calls it without its hooks).
@@ -53,13 +62,14 @@ from typing import Any, Callable, Optional
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
-from celery.signals import task_postrun
+from celery.signals import task_postrun, task_revoked
+from celery.utils import uuid
 
 from . import signals
 from .config import TASK_OPTIONS, TaskOptions, app_config
-from .errors import ConfigurationError, LockContended, QuorumUnavailable
-from .keys import lock_key
-from .redlock import Lease
+from .errors import AlreadyQueued, ConfigurationError, LockContended, QuorumUnavailable
+from .keys import lock_key, validate_spec
+from .redlock import Lease, Redlock
 from .watchdog import get_watchdog
 
 __all__ = ["SKIPPED", "RedlockTask", "redlock_task", "retry_countdown"]
@@ -70,6 +80,9 @@ logger = logging.getLogger(__name__)
 SKIPPED = "SKIPPED"
 #: Message header counting lock retries (kept apart from the task's own ``retries``).
 RETRIES_HEADER = "redlock_retries"
+#: Message header carrying the queued lock's value (queue once), for the hand-over.
+QUEUED_HEADER = "redlock_queued"
+QUEUED_SUFFIX = ":queued"
 #: A contended retry waits at least this fraction of the holder's remaining TTL.
 HOLDER_TTL_FRACTION = 0.1
 #: ...and never less than this (seconds): a zero countdown would spin on the broker.
@@ -136,6 +149,13 @@ class RedlockTask(Task):  # type: ignore[misc]
     redlock_fencing: Optional[bool] = None
     #: Deadline of one round to all lock nodes, seconds.
     redlock_node_timeout: Optional[float] = None
+    #: Queue once: at most one queued copy per lock key (``delay``/``apply_async``/beat).
+    redlock_dedupe_queued: Optional[bool] = None
+    #: Seconds a queued copy keeps its place; a lost message frees it after this.
+    redlock_queued_ttl: Optional[float] = None
+    #: A duplicate enqueue: ``"return"`` the queued copy's AsyncResult, or ``"raise"``
+    #: AlreadyQueued.
+    redlock_on_queued: Optional[str] = None
 
     # -- what the task body sees ------------------------------------------------------
 
@@ -179,6 +199,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             )
         declared = {name: _static_option(self, name) for name in TASK_OPTIONS}
         options = app_config(self.app).options_for(declared)
+        validate_spec(self.name, self.run, options.key)
         self.__dict__["_redlock_options"] = options
         return options
 
@@ -193,6 +214,40 @@ class RedlockTask(Task):  # type: ignore[misc]
     ) -> None:
         self._redlock_release()
         super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: Optional[str] = None, **options: Any
+    ) -> Any:
+        headers = options.get("headers") or {}
+        if QUEUED_HEADER in headers or self.app.conf.task_always_eager:
+            # A retry of a queued copy keeps its place; eager runs are never queued.
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        opts = self.redlock_options()
+        if not opts.dedupe_queued:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        key = self.lock_key(args, kwargs) + QUEUED_SUFFIX
+        task_id = task_id or uuid()
+        redlock = app_config(self.app).redlock(opts.node_timeout, False)
+        try:
+            lease = _acquire_confirmed(
+                redlock, key, opts.queued_ttl, task_id, QUEUE_PLACE_PATIENCE, True
+            )
+        except LockContended as exc:
+            if not exc.holder:
+                raise  # no clear answer within the patience: not sent, and the caller knows
+            logger.info(
+                "already queued: task %s key %s is queued as %s; not sent again",
+                self.name, key, exc.holder,
+            )  # fmt: skip
+            if opts.on_queued == "raise":
+                raise AlreadyQueued(key, exc.holder, exc.ttl) from None
+            return self.AsyncResult(exc.holder)
+        options["headers"] = {**headers, QUEUED_HEADER: lease.value}
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            lease.release()  # nothing was queued: free the place
+            raise
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         # Celery publishes the retry before raising and skips after_return on RETRY:
@@ -213,7 +268,12 @@ class RedlockTask(Task):  # type: ignore[misc]
         redlock = config.redlock(options.node_timeout, options.fencing)
         started = time.monotonic()
         try:
-            lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
+            if options.on_contended == "retry":
+                lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
+            else:  # skipping or failing drops this copy: be sure someone holds the lock
+                lease = _acquire_confirmed(
+                    redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE, False
+                )
         except LockContended as exc:
             self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
         except QuorumUnavailable as exc:
@@ -224,6 +284,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         else:
             lease.max_hold = options.max_hold
         request.redlock_lease = lease
+        self._hand_back_queued(key, options)  # running now: the next copy may queue
         if options.auto_extend:
             lease.on_extended(self._redlock_extended_callback(task_id))
             lease.on_lost(self._redlock_lost_callback(task_id))
@@ -280,19 +341,27 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
         if action == "retry":
             assert countdown is not None
-            raise self._redlock_retry(countdown, attempt, exc)
+            raise self._redlock_retry(countdown, attempt, exc)  # keeps any queue place
+        self._hand_back_queued(key, options)  # this copy will not run
         if action == "skip":
             self._mark_skipped(key, holder, exhausted)
             raise Ignore(f"skipped: lock {key} held by {holder or 'unknown'}")
         raise exc
 
-    def _redlock_retries(self) -> int:
-        request = self.request
-        value = getattr(request, RETRIES_HEADER, None)
-        if value is None:
-            value = (request.headers or {}).get(RETRIES_HEADER, 0)
+    def _hand_back_queued(self, key: str, options: TaskOptions) -> None:
+        """Free this copy's queue place (queue once), if it holds one."""
+        queued = _header(self.request, QUEUED_HEADER)
+        if not queued:
+            return
+        redlock = app_config(self.app).redlock(options.node_timeout, False)
         try:
-            return max(0, int(value))
+            redlock.release_value(key + QUEUED_SUFFIX, str(queued))
+        except Exception:  # it frees itself at redlock_queued_ttl
+            logger.warning("could not free the queue place of %s", self.request.id, exc_info=True)
+
+    def _redlock_retries(self) -> int:
+        try:
+            return max(0, int(_header(self.request, RETRIES_HEADER) or 0))
         except (TypeError, ValueError):
             return 0
 
@@ -368,6 +437,48 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
 
 
+#: How long an enqueue keeps trying for a clear answer about the queue place (seconds).
+QUEUE_PLACE_PATIENCE = 2.0
+#: How long a starting task keeps trying when nobody won the vote (seconds).
+SPLIT_VOTE_PATIENCE = 0.5
+
+
+def _acquire_confirmed(
+    redlock: Redlock, key: str, ttl: float, holder: str, patience: float, retry_unavailable: bool
+) -> Lease:
+    """Our lease, or ``LockContended`` naming a holder that a quorum agrees on.
+
+    A refusal alone does not prove someone holds the lock: when callers race, the
+    vote can split so that nobody wins, and each loser's refusals name another
+    loser. Skipping (or pointing a caller at a queued copy) on such a refusal would
+    drop work, so a holder is trusted only when a quorum of nodes agrees on it;
+    otherwise we try again after a short random pause, for at most ``patience``
+    seconds. ``retry_unavailable``: retry QuorumUnavailable too (a loaded client
+    can stretch a round past ``node_timeout``).
+    """
+    give_up = time.monotonic() + patience
+    while True:
+        try:
+            return redlock.try_acquire(key, ttl=ttl, blocking=False, holder=holder)
+        except LockContended as exc:
+            info = redlock.holder(key)
+            if info.holder or time.monotonic() > give_up:
+                raise LockContended(key, info.holder or exc.holder, info.ttl or exc.ttl) from None
+        except QuorumUnavailable:
+            if not retry_unavailable or time.monotonic() > give_up:
+                raise
+        time.sleep(random.uniform(0.001, 0.02))
+
+
+def _header(request: Any, name: str) -> Any:
+    """A custom message header: Celery puts it on the request itself (worker) or in
+    ``request.headers`` (eager ``apply(headers=...)``)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
 def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
     # Ignore, Reject and Retry raised by the body skip after_return; postrun runs in
     # the trace's finally, with the request still in place.
@@ -376,6 +487,25 @@ def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
 
 
 task_postrun.connect(_release_on_every_exit, weak=False)
+
+
+def _hand_back_queued_on_revoke(request: Any = None, **_: Any) -> None:
+    # A revoked copy never starts: free its queue place now rather than at its TTL.
+    task = getattr(request, "task", None)
+    if not isinstance(task, RedlockTask):
+        return
+    value = (getattr(request, "request_dict", None) or {}).get(QUEUED_HEADER)
+    if not value:
+        return
+    try:
+        options = task.redlock_options()
+        key = task.lock_key(request.args, request.kwargs) + QUEUED_SUFFIX
+        app_config(task.app).redlock(options.node_timeout, False).release_value(key, str(value))
+    except Exception:
+        logger.warning("could not free the queue place of revoked %s", request.id, exc_info=True)
+
+
+task_revoked.connect(_hand_back_queued_on_revoke, weak=False)
 
 
 def redlock_task(app: Any, *args: Any, **options: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -446,15 +447,18 @@ def test_redlock_task_decorator_is_app_task_with_the_base(app: Celery) -> None:
         ({"redlock_key": "import:{nope}"}, "nope"),
     ],
 )
-def test_bad_task_option_fails_the_task_with_a_clear_error_and_the_worker_lives_on(
+def test_bad_task_option_is_a_clear_error_for_the_caller_and_the_worker_lives_on(
     app: Celery, tasks: dict[str, Any], options: dict[str, Any], expected: str
 ) -> None:
     def job(customer_id: int = 1) -> None:
         return None
 
     bad = app.task(shared=False, base=RedlockTask, name="t.bad", **options)(job)
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        bad.delay()  # the caller learns at once
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-        error = _wait(bad.delay())
+        # A message sent by name (another client) reaches the worker anyway:
+        error = _wait(app.send_task("t.bad"))
         assert isinstance(error, ConfigurationError)
         assert expected in str(error)
         assert _wait(tasks["hold"].delay(0.01, tag="alive"))["held"]
@@ -481,3 +485,16 @@ def test_argument_without_canonical_form_is_a_clear_error(tasks: dict[str, Any])
     with pytest.raises(LockKeyError, match=r"t\.hold") as caught:
         tasks["hold"].apply(args=(0.01,), kwargs={"tag": object()}, throw=True)
     assert "tag" in str(caught.value)
+
+
+def test_split_vote_does_not_make_a_skip_task_drop_its_work(
+    tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
+) -> None:
+    # Two losers of a race each hold 2 of 5 nodes for 0.2 s: nobody has a quorum.
+    key = tasks["skip"].lock_key((0.01,), {"tag": "split"})
+    clients = [server.client() for server in redis_nodes]
+    for i, client in enumerate(clients[:4]):
+        client.set(key, b"loser-a|a" if i < 2 else b"loser-b|b", px=200)
+    result = tasks["skip"].apply(args=(0.01,), kwargs={"tag": "split"})
+    assert result.get() == "ran"  # waited out the split instead of skipping
+    assert recorder.of("lock_contended") == []

@@ -1,0 +1,155 @@
+"""Queue once: at most one queued copy per lock key, with real broker, nodes and worker."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from celery_redlock import AlreadyQueued, RedlockTask
+from celery_redlock.testing import RedisCluster, RedisServer
+
+QUEUE = "q1"
+
+
+@pytest.fixture
+def broker(redis_server_factory: Any) -> RedisServer:
+    server: RedisServer = redis_server_factory()
+    return server
+
+
+@pytest.fixture
+def app(broker: RedisServer, redis_nodes: RedisCluster) -> Celery:
+    app = Celery("queue_once", broker=broker.url, backend=broker.url, set_as_current=False)
+    app.conf.redlock_nodes = redis_nodes.urls
+    app.conf.task_default_queue = QUEUE
+    app.conf.worker_prefetch_multiplier = 1
+    return app
+
+
+@pytest.fixture
+def tasks(app: Celery, broker: RedisServer) -> dict[str, Any]:
+    gate = broker.client()
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_dedupe_queued=True,
+        redlock_queued_ttl=60,
+        redlock_key=["customer_id"],
+        name="q.import",
+    )
+    def import_customer(self: RedlockTask, customer_id: int, note: str = "") -> str:
+        gate.rpush("started", self.request.id)
+        # Hold the run until the test opens the gate (at most 10 s).
+        gate.blpop(["gate"], timeout=10)
+        return str(self.request.id)
+
+    @app.task(
+        shared=False,
+        base=RedlockTask,
+        redlock_dedupe_queued=True,
+        redlock_on_queued="raise",
+        redlock_queued_ttl=1,
+        name="q.strict",
+    )
+    def strict(customer_id: int) -> None:
+        return None
+
+    @app.task(shared=False, name="q.blocker")
+    def blocker() -> None:
+        gate.blpop(["gate"], timeout=10)
+
+    return {"import": import_customer, "strict": strict, "blocker": blocker, "gate": gate}
+
+
+def _queued(broker: RedisServer) -> int:
+    return int(broker.client().llen(QUEUE))
+
+
+def _delay_many(task: Any, count: int, out: Any) -> None:
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda i: task.delay(7, note=str(i)).id, range(count)))
+    except BaseException as exc:  # report it: a silent child would hang the test
+        out.put(repr(exc))
+        raise
+    out.put(ids)
+
+
+def test_concurrent_duplicates_from_several_processes_queue_one_message(
+    tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    ctx = multiprocessing.get_context("fork")
+    out: Any = ctx.Queue()
+    procs = [ctx.Process(target=_delay_many, args=(tasks["import"], 25, out)) for _ in range(4)]
+    for proc in procs:
+        proc.start()
+    reports = [out.get(timeout=60) for _ in procs]
+    assert [r for r in reports if isinstance(r, str)] == []  # no caller failed
+    ids = [i for report in reports for i in report]
+    for proc in procs:
+        proc.join(10)
+    assert len(ids) == 100
+    assert len(set(ids)) == 1  # every caller got the one queued copy's id
+    assert _queued(broker) == 1
+
+
+def test_after_it_starts_another_copy_may_queue(
+    app: Celery, tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    first = tasks["import"].delay(1)
+    assert tasks["import"].delay(1).id == first.id
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert tasks["gate"].blpop(["started"], timeout=10) is not None  # first is running
+        second = tasks["import"].delay(1)
+        assert second.id != first.id  # one running + one queued
+        assert tasks["import"].delay(1).id == second.id
+        tasks["gate"].rpush("gate", "open", "open")
+        assert first.get(timeout=10) == first.id
+        assert second.get(timeout=10) == second.id
+
+
+def test_revoke_frees_the_queue_place(
+    app: Celery, tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+        busy = tasks["blocker"].delay()  # keeps the only worker thread busy
+        time.sleep(0.3)
+        queued = tasks["import"].delay(2)
+        queued.revoke()
+        deadline = time.monotonic() + 10
+        tasks["gate"].rpush("gate", "open")  # the worker reaches the revoked copy
+        while tasks["import"].delay(2).id == queued.id:
+            assert time.monotonic() < deadline, "queue place not freed after revoke"
+            time.sleep(0.1)
+        busy.get(timeout=10)
+        tasks["gate"].rpush("gate", "open", "open")
+
+
+def test_purged_message_frees_the_place_within_its_ttl(
+    app: Celery, tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    first = tasks["strict"].delay(3)
+    with pytest.raises(AlreadyQueued) as caught:
+        tasks["strict"].delay(3)
+    assert caught.value.task_id == first.id
+    app.control.purge()
+    assert _queued(broker) == 0
+    time.sleep(1.1)  # redlock_queued_ttl = 1 s
+    assert tasks["strict"].delay(3).id != first.id
+
+
+def test_eager_calls_are_not_deduplicated(app: Celery, tasks: dict[str, Any]) -> None:
+    app.conf.task_always_eager = True
+    tasks["gate"].rpush("gate", "open", "open")
+    first = tasks["import"].delay(4)
+    second = tasks["import"].delay(4)
+    assert first.id != second.id
+    assert first.successful() and second.successful()
