@@ -249,11 +249,27 @@ class RedlockTask(Task):  # type: ignore[misc]
             lease.release()  # nothing was queued: free the place
             raise
 
-    def retry(self, *args: Any, **kwargs: Any) -> Any:
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: Optional[BaseException] = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: Optional[float] = None,
+        max_retries: Optional[int] = None,
+        **options: Any,
+    ) -> Any:
         # Celery publishes the retry before raising and skips after_return on RETRY:
-        # release first, or the next attempt would find our own lock.
-        self._redlock_release()
-        return super().retry(*args, **kwargs)
+        # release first, or the next attempt would find our own lock. But only when a
+        # retry will really be published and this body stops: with no retries left
+        # Celery raises MaxRetriesExceededError (which the body may catch and go on),
+        # and with throw=False the body goes on too -- keep the lock for the rest.
+        limit = self.max_retries if max_retries is None else max_retries
+        request = self.request
+        if throw and not request.called_directly and (limit is None or request.retries < limit):
+            self._redlock_release()
+        return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     # -- acquire ------------------------------------------------------------------------
 

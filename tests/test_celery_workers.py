@@ -568,13 +568,6 @@ def test_self_retry_while_holding_hands_the_lock_to_the_next_attempt_in_prefork(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG celery_redlock/task.py RedlockTask.retry releases the lease before "
-    "Celery's Task.retry decides to retry: with no retry left it raises "
-    "MaxRetriesExceededError and publishes nothing, the body catches it and carries "
-    "on unlocked, and a duplicate runs beside it",
-)
 def test_self_retry_with_no_retry_left_keeps_the_lock_for_the_rest_of_the_body(
     stack: Stack, start_workers: StartWorkers
 ) -> None:
