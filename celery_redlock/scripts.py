@@ -19,6 +19,7 @@ __all__ = [
     "ALL_SCRIPTS",
     "EXTEND",
     "FENCE",
+    "FENCED_SET",
     "HOLDER",
     "RELEASE",
     "Script",
@@ -110,6 +111,24 @@ HOLDER: Final = Script(
 -- KEYS[1] lock key
 -- returns {value or false, pttl in ms (-2: no key, -1: no expiry)}; read-only
 return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+"""
+)
+
+FENCED_SET: Final = Script(
+    """
+-- Storage side of fencing: a write guarded by the writer's fence.
+-- KEYS[1] data key; KEYS[2] the highest fence that wrote it (never expires)
+-- ARGV[1] value; ARGV[2] the writer's fence
+-- returns 1 when written (fence >= every fence that wrote before: the same holder may
+--         write again); 0 when refused (a later holder has written: this writer's
+--         lease was superseded, e.g. it paused past its validity)
+local seen = tonumber(redis.call('get', KEYS[2]) or '-1')
+if tonumber(ARGV[2]) < seen then
+  return 0
+end
+redis.call('set', KEYS[1], ARGV[1])
+redis.call('set', KEYS[2], ARGV[2])
+return 1
 """
 )
 

@@ -1,0 +1,139 @@
+"""Fencing against real servers: fences rise per holder, and a paused holder's stale
+write is refused by the storage (Redis and SQLite), with real SIGSTOP pauses."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_redlock import ConfigurationError, Redlock
+from celery_redlock.fencing import fence_key, fenced_set, sql_fenced_update
+from celery_redlock.testing import RedisCluster, RedisServer
+
+TTL = 0.3
+
+
+def _db(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, timeout=5)
+    connection.execute(
+        "CREATE TABLE IF NOT EXISTS reports (id INTEGER PRIMARY KEY, body TEXT, last_fence INTEGER)"
+    )
+    connection.execute("INSERT OR IGNORE INTO reports VALUES (1, '', -1)")
+    connection.commit()
+    return connection
+
+
+def _write(store_url: str, db_path: Path, body: str, fence: int) -> tuple[bool, bool]:
+    import redis
+
+    store = redis.Redis.from_url(store_url)
+    in_redis = fenced_set(store, "report", body, fence)
+    connection = _db(db_path)
+    in_sql = sql_fenced_update(connection, "reports", {"body": body}, {"id": 1}, fence)
+    connection.close()
+    return in_redis, in_sql
+
+
+def _paused_holder(urls: list[str], store_url: str, db_path: Path, conn: Any) -> None:
+    lease = Redlock(urls, ttl=TTL, fencing=True).acquire("fenced-report")
+    assert lease is not None and lease.fence is not None
+    conn.send(("acquired", lease.fence, _write(store_url, db_path, "A-first", lease.fence)))
+    assert conn.recv() == "write"  # the parent SIGSTOPs us before it sends this
+    conn.send(("stale", _write(store_url, db_path, "A-stale", lease.fence), lease.held))
+
+
+@pytest.mark.slow
+def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
+    redis_nodes: RedisCluster, redis_server_factory: Any, tmp_path: Path
+) -> None:
+    store: RedisServer = redis_server_factory()
+    db_path = tmp_path / "reports.db"
+    _db(db_path).close()
+    ctx = multiprocessing.get_context("fork")
+    trials, stale_accepted = 20, 0
+    for _ in range(trials):
+        parent_end, child_end = ctx.Pipe()
+        holder = ctx.Process(
+            target=_paused_holder, args=(redis_nodes.urls, store.url, db_path, child_end)
+        )
+        holder.start()
+        try:
+            tag, f1, first = parent_end.recv()
+            assert tag == "acquired" and first == (True, True)
+            assert holder.pid is not None
+            os.kill(holder.pid, signal.SIGSTOP)
+            time.sleep(TTL + 0.05)  # the paused holder's validity runs out
+            lease = Redlock(redis_nodes.urls, ttl=5, fencing=True).acquire("fenced-report")
+            assert lease is not None and lease.fence is not None
+            f2 = lease.fence
+            assert f2 > f1
+            assert _write(store.url, db_path, "B", f2) == (True, True)
+            os.kill(holder.pid, signal.SIGCONT)
+            parent_end.send("write")
+            tag, stale, still_held = parent_end.recv()
+            assert still_held is False  # the resumed holder sees its lease lost
+            stale_accepted += sum(stale)
+            lease.release()
+        finally:
+            if holder.is_alive() and holder.pid:
+                os.kill(holder.pid, signal.SIGCONT)  # never leave a stopped child behind
+            holder.join(5)
+        assert store.client().get("report") == b"B"
+        row = _db(db_path).execute("SELECT body, last_fence FROM reports").fetchone()
+        assert row == ("B", f2)
+    assert stale_accepted == 0
+
+
+def test_the_same_holder_may_write_again_and_a_lower_fence_may_not(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    client = redis_server.client()
+    assert fenced_set(client, "doc", "v1", 5)
+    assert fenced_set(client, "doc", "v2", 5)  # same holder, second write
+    assert not fenced_set(client, "doc", "old", 4)
+    assert fenced_set(client, "doc", "v3", 6)
+    assert client.get("doc") == b"v3" and client.get(fence_key("doc")) == b"6"
+    connection = _db(tmp_path / "x.db")
+    assert sql_fenced_update(connection, "reports", {"body": "a"}, {"id": 1}, 5)
+    assert sql_fenced_update(connection, "reports", {"body": "b"}, {"id": 1}, 5)
+    assert not sql_fenced_update(connection, "reports", {"body": "old"}, {"id": 1}, 4)
+
+
+@pytest.mark.parametrize("fence", [None, "7", 1.5, True])
+def test_fenced_writes_reject_a_fence_that_is_not_an_int(
+    redis_server: RedisServer, fence: Any
+) -> None:
+    with pytest.raises(ConfigurationError, match="fence must be an int"):
+        fenced_set(redis_server.client(), "doc", "v", fence)
+
+
+def test_sql_helper_rejects_names_that_are_not_identifiers(tmp_path: Path) -> None:
+    connection = _db(tmp_path / "y.db")
+    with pytest.raises(ConfigurationError, match="not a plain SQL identifier"):
+        sql_fenced_update(connection, "reports; DROP TABLE x", {"body": "a"}, {"id": 1}, 1)
+
+
+def test_fences_rise_across_processes_and_survive_a_minority_restart_with_data(
+    redis_cluster_factory: Any,
+) -> None:
+    cluster: RedisCluster = redis_cluster_factory(5, appendonly=True)
+    redlock = Redlock(cluster.urls, ttl=5, fencing=True)
+    fences = []
+    for i in range(30):
+        if i == 10:
+            cluster[0].restart(keep_data=True)
+        if i == 20:
+            cluster[1].kill()
+            cluster[1].restart(keep_data=True)  # appendfsync always: counters kept
+        lease = redlock.acquire("stream")
+        assert lease is not None and lease.fence is not None
+        fences.append(lease.fence)
+        lease.release()
+    assert fences == sorted(set(fences))
