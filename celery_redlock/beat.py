@@ -67,7 +67,7 @@ from celery.schedules import schedstate
 from celery.schedules import schedule as interval_schedule
 from celery.utils.time import maybe_make_aware
 
-from .config import app_config
+from .config import DEFAULTS, app_config
 from .errors import ConfigurationError, LockContended, QuorumUnavailable
 from .redlock import Lease, Redlock
 
@@ -99,10 +99,10 @@ MIN_TTL = 1.0
 #: Default of ``redlock_beat_clock_skew``, seconds: how far the beats' wall clocks
 #: may disagree (plus how long a beat may stall between working out a tick and its
 #: lock round). NTP keeps hosts within milliseconds; this is generous on purpose.
-DEFAULT_CLOCK_SKEW = 1.0
+DEFAULT_CLOCK_SKEW: float = DEFAULTS["redlock_beat_clock_skew"]
 #: Default of ``redlock_beat_claim_timeout``, seconds: how long a beat keeps trying
 #: when a lock round for a tick was split between beats and nobody won a quorum.
-DEFAULT_CLAIM_TIMEOUT = 1.0
+DEFAULT_CLAIM_TIMEOUT: float = DEFAULTS["redlock_beat_claim_timeout"]
 #: Seconds after a bucket boundary at which interval entries are evaluated: more than
 #: the 10 ms that Celery's ``Scheduler.adjust`` takes off every sleep, so a beat wakes
 #: just after the boundary rather than spinning up to it.

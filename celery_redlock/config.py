@@ -45,6 +45,9 @@ DEFAULTS: dict[str, Any] = {
     "redlock_dedupe_queued": False,  # at most one queued copy per lock key
     "redlock_queued_ttl": 3600.0,  # s, a lost message frees its queue slot after this
     "redlock_on_queued": "return",  # duplicate enqueue: "return" its AsyncResult | "raise"
+    # beat (validated by beat.py)
+    "redlock_beat_clock_skew": 1.0,  # s, how far beat clocks may disagree
+    "redlock_beat_claim_timeout": 1.0,  # s, retrying a split vote before a tick is given up
 }
 
 #: Options a task may override with a class attribute.
