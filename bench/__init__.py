@@ -1,0 +1,16 @@
+"""Benchmarks of celery-redlock against its peers, every contender in one run on the
+same local redis-server processes.
+
+Run from the repository root (the bench starts and stops its own servers)::
+
+    python -m bench locks            # full run, ~1 minute; writes bench/results/locks.{json,md}
+    python -m bench locks --quick    # smoke run with few iterations (results not saved)
+    python -m bench profile          # cProfile of our acquire+release, top functions
+
+Layout: ``resp`` (a bare RESP socket: the physical floor and the bench's own control
+connection), ``stats`` (timed loops and percentiles), ``contenders`` (one adapter per
+lock library), ``commands`` (commands per node per operation, from MONITOR and
+``INFO commandstats``), ``locks`` (the run: scenarios, ratios, report), ``profile``.
+
+Nothing in celery_redlock imports this package.
+"""

@@ -1,0 +1,28 @@
+"""``python -m bench locks [--quick]`` / ``python -m bench profile``: see bench/__init__.py."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = "usage: python -m bench {locks,profile} [options]   (-h after the name for options)"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name == "locks":
+        from .locks import main as run_locks
+
+        return run_locks(rest)
+    if name == "profile":
+        from .profile import main as run_profile
+
+        return run_profile(rest)
+    print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
