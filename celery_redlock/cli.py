@@ -51,7 +51,7 @@ from . import scripts
 from .config import AppConfig, app_config
 from .errors import ConfigurationError
 from .nodes import Node
-from .redlock import HolderInfo, NodeHolding, Redlock, quorum
+from .redlock import TOMBSTONE, HolderInfo, NodeHolding, Redlock, quorum, tombstone
 
 __all__ = ["redlock"]
 
@@ -73,6 +73,13 @@ MIN_REDIS_VERSION = (2, 6, 12)
 NO_TTL_SHOWN = 10
 #: Counter keys of fenced locks: they never expire, on purpose.
 FENCE_SUFFIX = ":fence"
+
+
+def _is_lock_key(name: str) -> bool:
+    """Lock keys, not the fence counters or release tombstones kept beside them."""
+    return not name.endswith(FENCE_SUFFIX) and TOMBSTONE not in name
+
+
 #: The scan for keys without a TTL stops at this fraction of the node's budget, so
 #: a huge keyspace shortens the scan instead of losing the node's whole report.
 SCAN_BUDGET = 0.6
@@ -343,7 +350,7 @@ def ls(ctx: click.Context, pattern: str, limit: int, timeout: float, as_json: bo
         keys = []
         for raw in node.client().scan_iter(match=match, count=1000):
             key = _text(raw) or ""
-            if not key.endswith(FENCE_SUFFIX):
+            if _is_lock_key(key):
                 keys.append(key)
         return keys
 
@@ -570,7 +577,8 @@ def release_with_token(node: Node, key: str, token: str) -> NodeRelease:
     wanted = text if "|" in token else stored_token
     if wanted != token:
         return NodeRelease(node.address, OTHER_HOLDER, holder or None, stored_token)
-    deleted = client.eval(scripts.RELEASE.source, 1, key, value)
+    # The key exists, so no tombstone is left (1 s is its TTL if it vanished meanwhile).
+    deleted = client.eval(scripts.RELEASE.source, 2, key, tombstone(key, text), text, 1000)
     result = DELETED if deleted == 1 else OTHER_HOLDER
     return NodeRelease(node.address, result, holder or None, stored_token)
 
@@ -848,8 +856,8 @@ def _scan_lock_keys(client: redis.Redis, prefix: str, facts: NodeFacts, stop_at:
     while True:
         cursor, batch = client.scan(cursor, match=match, count=1000)
         names = [_text(k) or "" for k in batch]
-        keys = [k for k in names if not k.endswith(FENCE_SUFFIX)]
-        facts.fence_keys += len(batch) - len(keys)
+        keys = [k for k in names if _is_lock_key(k)]
+        facts.fence_keys += sum(1 for k in names if k.endswith(FENCE_SUFFIX))
         facts.lock_keys += len(keys)
         if keys:
             pipe = client.pipeline(transaction=False)

@@ -619,11 +619,13 @@ class NodeSet:
                 fd = conn.fileno()
                 by_fd[fd] = i
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
-        while by_fd and yes < enough_yes and no < enough_no:
+        final = False
+        while by_fd and yes < enough_yes and no < enough_no and not final:
             remaining = deadline - self._clock()
-            if remaining <= 0:
-                return True
-            events = poller.poll(math.ceil(remaining * 1000))
+            # Past the deadline, look once more without waiting: a thread that woke
+            # late (GIL, busy CPU) must not ignore replies already in the sockets.
+            final = remaining <= 0
+            events = poller.poll(0 if final else math.ceil(remaining * 1000))
             for fd, event in events:
                 i = by_fd.get(fd, -1)
                 conn = conns[i] if i >= 0 else None
@@ -658,4 +660,4 @@ class NodeSet:
                     del by_fd[fd]
                 elif conn.sock is not None:
                     poller.modify(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
-        return False
+        return final and bool(by_fd)

@@ -82,6 +82,20 @@ def _check_key(key: object) -> str:
     return key
 
 
+#: Suffix of a release's tombstone: ``<key>:released:<token>`` (see scripts.RELEASE).
+TOMBSTONE = ":released:"
+
+
+def tombstone(key: str, value: str) -> str:
+    """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
+    return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
+
+
+def release_command(key: str, value: str, ttl: float) -> Command:
+    """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
+    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, _ms(ttl)])
+
+
 def default_holder() -> str:
     """Who we are, as stored beside the token: ``hostname:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -309,7 +323,7 @@ class Lease:
             if self._released:
                 return
             self._released = True
-        self._redlock._release(self.key, self.value)
+        self._redlock._release(self.key, self.value, self.ttl)
 
     def __enter__(self) -> Lease:
         return self
@@ -524,9 +538,13 @@ class Redlock:
         value = f"{token}|{holder}"
         ttl_ms = _ms(ttl)
         if self.fencing:
-            command = Command(scripts.ACQUIRE_FENCED, [key, key + ":fence"], [value, ttl_ms])
+            command = Command(
+                scripts.ACQUIRE_FENCED,
+                [key, tombstone(key, value), key + ":fence"],
+                [value, ttl_ms],
+            )
         else:
-            command = Command(scripts.ACQUIRE, [key], [value, ttl_ms])
+            command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
         started = self._clock()
         results = nodeset.round(
             command,
@@ -549,7 +567,7 @@ class Redlock:
                     Lease(self, key, token, holder, ttl, started, deadline, fence, self.max_hold)
                 )
         # Lost: undo on every node, without waiting for anyone.
-        nodeset.round(Command(scripts.RELEASE, [key], [value]), 0.0, wait=False)
+        nodeset.round(release_command(key, value, ttl), 0.0, wait=False)
         return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
@@ -643,11 +661,11 @@ class Redlock:
         lease's ``token|holder``): releases a lock taken by another process that
         handed its value over, e.g. in a message header. Never touches another
         holder's lock."""
-        self._release(_check_key(key), value)
+        self._release(_check_key(key), value, self.ttl)
 
-    def _release(self, key: str, value: str) -> None:
+    def _release(self, key: str, value: str, ttl: float) -> None:
         self._nodes.round(
-            Command(scripts.RELEASE, [key], [value]),
+            release_command(key, value, ttl),
             self.node_timeout,
             is_yes=_is_answer,
             enough_yes=self.quorum,

@@ -41,10 +41,15 @@ class Script:
 
 ACQUIRE: Final = Script(
     """
--- KEYS[1] lock key; ARGV[1] our value (token|holder); ARGV[2] ttl in milliseconds
+-- KEYS[1] lock key; KEYS[2] its tombstone for our token (see RELEASE)
+-- ARGV[1] our value (token|holder); ARGV[2] ttl in milliseconds
 -- returns 1 when the key was free and is now ours for ttl;
 --         {holder value, its pttl in ms} when someone holds it (so a refusal can say
---         who holds the lock and when it frees, at no extra round trip)
+--         who holds the lock and when it frees, at no extra round trip);
+--         {false, -2} when our own release already passed by (a late SET: never set)
+if redis.call('exists', KEYS[2]) == 1 then
+  return {false, -2}
+end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
@@ -54,13 +59,18 @@ return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
 
 ACQUIRE_FENCED: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] the key's fence counter (never expires)
+-- KEYS[1] lock key; KEYS[2] its tombstone for our token; KEYS[3] the key's fence
+-- counter (never expires)
 -- ARGV[1] our value; ARGV[2] ttl in milliseconds
 -- returns {1, counter} when the key was free and is now ours (counter: the highest
 --         fence this node has seen granted for the key, 0 if none);
---         {holder value, its pttl in ms} when someone holds it
+--         {holder value, its pttl in ms} when someone holds it;
+--         {false, -2} when our own release already passed by
+if redis.call('exists', KEYS[2]) == 1 then
+  return {false, -2}
+end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, tonumber(redis.call('get', KEYS[2]) or '0')}
+  return {1, tonumber(redis.call('get', KEYS[3]) or '0')}
 end
 return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
 """
@@ -96,11 +106,18 @@ return 0
 
 RELEASE: Final = Script(
     """
--- KEYS[1] lock key; ARGV[1] our value
+-- KEYS[1] lock key; KEYS[2] its tombstone for our token; ARGV[1] our value;
+-- ARGV[2] tombstone ttl in milliseconds
 -- returns 1 when the key held our value and is now deleted; 0 when it was not ours
--- (expired, or already taken by another holder: left untouched)
+-- (expired, or taken by another holder: left untouched).
+-- When the key is absent, our SET may still be on its way (an acquire stops reading
+-- once a quorum answered, and this release may travel on another connection and
+-- overtake it): leave a tombstone for our token so that late SET is never applied.
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
+end
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 end
 return 0
 """

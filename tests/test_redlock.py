@@ -564,3 +564,22 @@ def test_redis_clients_are_accepted_as_nodes(redis_nodes: RedisCluster) -> None:
     assert lease is not None
     assert os.getpid() and lease.holder.endswith(f":{os.getpid()}")
     lease.release()
+
+
+def test_a_release_that_overtakes_a_late_set_leaves_no_key_behind(
+    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+) -> None:
+    # The acquire returns once 3 fast nodes said yes; its SETs to 2 slow nodes are
+    # still travelling when a release, on other connections, reaches those nodes.
+    servers = list(redis_nodes)
+    slow = [fault_proxy_factory(server) for server in servers[3:]]
+    for proxy in slow:
+        proxy.delay(0.1, direction="to_server")
+    holder = Redlock([s.url for s in servers[:3]] + [p.url for p in slow], ttl=10)
+    other_connections = Redlock(redis_nodes.urls, ttl=10)
+    lease = holder.acquire("overtaken", blocking=False)
+    assert lease is not None
+    other_connections.release_value("overtaken", lease.value)
+    time.sleep(0.3)  # the late SETs have landed by now
+    assert _keys_everywhere(redis_nodes, "overtaken") == [None] * 5
+    assert other_connections.acquire("overtaken", blocking=False) is not None
