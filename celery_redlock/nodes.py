@@ -35,7 +35,6 @@ import os
 import select
 import socket
 import ssl
-import threading
 import time
 from collections import deque
 from typing import Any, Callable, Final, Optional, Sequence, Union
@@ -81,6 +80,20 @@ def pack(*args: Union[bytes, str, int]) -> bytes:
     return b"".join(parts)
 
 
+_EVALSHA_PREFIXES: dict[tuple[str, int, int], bytes] = {}
+
+
+def _evalsha_prefix(script: Script, numkeys: int, argc: int) -> bytes:
+    """``*N EVALSHA <sha> <numkeys>`` packed once per script and shape (hot path)."""
+    shape = (script.sha, numkeys, argc)
+    prefix = _EVALSHA_PREFIXES.get(shape)
+    if prefix is None:
+        prefix = pack(b"EVALSHA", script.sha, numkeys)
+        prefix = b"*%d" % (3 + numkeys + argc) + prefix[prefix.index(b"\r\n") :]
+        _EVALSHA_PREFIXES[shape] = prefix
+    return prefix
+
+
 class Command:
     """One script call, packed once and sent to every node of a round."""
 
@@ -92,7 +105,11 @@ class Command:
         self.script = script
         self._keys = tuple(keys)
         self._args = tuple(args)
-        self.payload = pack(b"EVALSHA", script.sha, len(self._keys), *self._keys, *self._args)
+        body = pack(*self._keys, *self._args)
+        self.payload = (
+            _evalsha_prefix(script, len(self._keys), len(self._args))
+            + body[body.index(b"\r\n") + 2 :]
+        )
 
     def fallback(self) -> bytes:
         """The same call as EVAL, for a node that answered NOSCRIPT."""
@@ -221,8 +238,7 @@ class Node:
             self._ssl_context, self._server_hostname = _ssl_settings(kwargs)
         self._handshake, self._handshake_tags = self._make_handshake(kwargs)
         self._sockaddr: Optional[tuple[int, Any]] = None
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
+        self._idle: deque[_Connection] = deque()
         self._client: Optional[redis.Redis] = None
         self._given_client = spec if isinstance(spec, redis.Redis) else None
 
@@ -292,12 +308,15 @@ class Node:
     def checkout(self, connect: bool, now: float) -> Optional[_Connection]:
         """An idle connection, or a new one being set up (``None`` when ``connect`` is
         false and there is no idle one). Raises ``redis.ConnectionError``."""
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.state == _READY or now - conn.born < MAX_CONNECTING:
-                    return conn
-                conn.close()
+        idle = self._idle
+        while True:
+            try:
+                conn = idle.pop()  # deque.pop / append are atomic: no lock needed
+            except IndexError:
+                break
+            if conn.state == _READY or now - conn.born < MAX_CONNECTING:
+                return conn
+            conn.close()
         if not connect:
             return None
         try:
@@ -320,16 +339,14 @@ class Node:
         elif conn.out:
             conn.close()  # a half-written command: the stream is out of step
             return
-        else:
+        elif conn.expect:
             # Replies we stopped waiting for are still owed: read and drop them first.
             conn.expect = deque(_STALE if t == _RESULT else t for t in conn.expect)
-        with self._lock:
-            self._idle.append(conn)
+        self._idle.append(conn)
 
     def reset(self) -> None:
         """Forget every idle connection (after a fork they belong to the parent)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
+        idle, self._idle = self._idle, deque()
         for conn in idle:
             conn.close()
         self._client = self._given_client
@@ -398,11 +415,21 @@ class _Connection:
     def send(self, payload: bytes) -> None:
         """Queue one command whose reply the round waits for; write it if we can."""
         self.expect.append(_RESULT)
-        if self.state == _READY:
-            self.out += payload
-            self.flush()
-        else:
+        if self.state != _READY:
             self.pending = payload
+            return
+        if not self.out:
+            try:
+                sent = self.sock.send(payload)  # type: ignore[union-attr]
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as exc:
+                raise rexc.ConnectionError(f"{self.node.address}: {exc}") from None
+            if sent == len(payload):
+                return
+            payload = payload[sent:]
+        self.out += payload
+        self.flush()
 
     @property
     def wants_write(self) -> bool:
@@ -484,6 +511,16 @@ class _Connection:
                 raise rexc.ConnectionError(f"{self.node.address}: {exc}") from None
             if not chunk:
                 raise rexc.ConnectionError(f"{self.node.address}: connection closed by server")
+            if (
+                not self.inbuf
+                and len(self.expect) == 1
+                and self.expect[0] == _RESULT
+                and chunk[0] == 0x3A  # ':' an integer reply, the usual answer
+                and chunk.find(b"\r\n") == len(chunk) - 2
+                and not self.node.tls
+            ):
+                self.expect.popleft()
+                return [int(chunk[1:-2])]
             self.inbuf += chunk
             if len(chunk) < _READ_SIZE and not self.node.tls:
                 break  # a short read drained the kernel buffer (TLS may buffer more)
@@ -505,6 +542,18 @@ class _Connection:
 
 # -- rounds -------------------------------------------------------------------------
 
+# This process's pid, refreshed after a fork (a getpid per round is measurable).
+_PID = os.getpid()
+
+
+def _after_fork() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
 
 class NodeSet:
     """N nodes and the round: one command to all of them, replies as they arrive."""
@@ -520,16 +569,16 @@ class NodeSet:
                 )
             seen[node.identity] = i
         self._clock = clock
-        self._pid = os.getpid()
+        self._pid = _PID
 
     def __len__(self) -> int:
         return len(self.nodes)
 
     def _check_fork(self) -> None:
-        if os.getpid() != self._pid:
+        if self._pid != _PID:
             for node in self.nodes:
                 node.reset()
-            self._pid = os.getpid()
+            self._pid = _PID
 
     def close(self) -> None:
         for node in self.nodes:

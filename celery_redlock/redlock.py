@@ -96,9 +96,24 @@ def release_command(key: str, value: str, ttl: float) -> Command:
     return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, _ms(ttl)])
 
 
+_holder: Optional[str] = None
+
+
 def default_holder() -> str:
-    """Who we are, as stored beside the token: ``hostname:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who we are, as stored beside the token: ``hostname:pid`` (cached per process)."""
+    global _holder
+    if _holder is None:
+        _holder = f"{socket.gethostname()}:{os.getpid()}"
+    return _holder
+
+
+def _forget_holder() -> None:
+    global _holder
+    _holder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_holder)
 
 
 def _split_value(value: object) -> tuple[Optional[str], Optional[str]]:
