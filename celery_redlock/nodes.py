@@ -305,6 +305,19 @@ class Node:
             self._sockaddr = (family, sockaddr)
         return self._sockaddr
 
+    def forget_address(self) -> None:
+        """Resolve the host again on the next connect (it may have moved)."""
+        if not self.path:
+            self._sockaddr = None
+
+    def connect(self, now: float) -> _Connection:
+        """A new connection being set up. Raises ``redis.ConnectionError``."""
+        try:
+            family, sockaddr = self._resolve()
+        except OSError as exc:
+            raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
+        return _Connection(self, family, sockaddr, now)
+
     def checkout(self, connect: bool, now: float) -> Optional[_Connection]:
         """An idle connection, or a new one being set up (``None`` when ``connect`` is
         false and there is no idle one). Raises ``redis.ConnectionError``."""
@@ -317,13 +330,7 @@ class Node:
             if conn.state == _READY or now - conn.born < MAX_CONNECTING:
                 return conn
             conn.close()
-        if not connect:
-            return None
-        try:
-            family, sockaddr = self._resolve()
-        except OSError as exc:
-            raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
-        return _Connection(self, family, sockaddr, now)
+        return self.connect(now) if connect else None
 
     def checkin(self, conn: _Connection) -> None:
         """Take back a connection after a round: in step, or closed."""
@@ -398,6 +405,7 @@ class _Connection:
         if err not in (0, errno.EINPROGRESS, errno.EALREADY):
             sock.close()
             self.sock = None
+            node.forget_address()
             raise rexc.ConnectionError(f"{node.address}: {os.strerror(err)}")
         self.state = _CONNECTING
         if err == 0:
@@ -473,6 +481,7 @@ class _Connection:
         if self.state == _CONNECTING:
             err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
+                self.node.forget_address()
                 raise rexc.ConnectionError(f"{self.node.address}: {os.strerror(err)}")
             self._connected()
         elif self.state == _TLS_HANDSHAKE:
@@ -621,7 +630,16 @@ class NodeSet:
                 if conn is None:
                     continue
                 conns[i] = conn
-                conn.send(command.payload)
+                try:
+                    conn.send(command.payload)
+                except rexc.ConnectionError:
+                    if conn.born == now or not wait:
+                        raise
+                    # A pooled connection the node dropped (restart, idle timeout):
+                    # once more on a fresh one, within the same round.
+                    conn.close()
+                    conns[i] = conn = node.connect(now)
+                    conn.send(command.payload)
             except (rexc.RedisError, OSError) as exc:
                 results[i] = (
                     exc
@@ -661,6 +679,7 @@ class NodeSet:
     ) -> bool:
         """Read replies until decided (False) or the deadline passed (True)."""
         yes = 0
+        started = self._clock()
         poller = select.poll()
         by_fd: dict[int, int] = {}
         for i, conn in enumerate(conns):
@@ -685,14 +704,28 @@ class NodeSet:
                         conn.advance()
                     replies = conn.read() if event & _POLLIN or conn.state != _READY else []
                 except (rexc.RedisError, OSError) as exc:
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                    conn.close()
+                    if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
+                        # A pooled connection the node had dropped (restart, idle
+                        # timeout): once more on a fresh one, within this round. The
+                        # scripts are idempotent for our own value, so a resend is safe.
+                        try:
+                            fresh = conn.node.connect(started)
+                            fresh.send(command.payload)
+                        except rexc.RedisError as again:
+                            exc = again
+                        else:
+                            conns[i] = fresh
+                            by_fd[fresh.fileno()] = i
+                            poller.register(fresh.fileno(), _POLLIN | _POLLOUT)
+                            continue
                     results[i] = (
                         exc
                         if isinstance(exc, rexc.RedisError)
                         else (rexc.ConnectionError(f"{conn.node.address}: {exc}"))
                     )
-                    poller.unregister(fd)
-                    del by_fd[fd]
-                    conn.close()
                     no += 1
                     continue
                 for reply in replies:

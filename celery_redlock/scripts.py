@@ -43,7 +43,8 @@ ACQUIRE: Final = Script(
     """
 -- KEYS[1] lock key; KEYS[2] its tombstone for our token (see RELEASE)
 -- ARGV[1] our value (token|holder); ARGV[2] ttl in milliseconds
--- returns 1 when the key was free and is now ours for ttl;
+-- returns 1 when the key was free and is now ours for ttl (or already held our value:
+--         the same SET resent after a broken connection);
 --         {holder value, its pttl in ms} when someone holds it (so a refusal can say
 --         who holds the lock and when it frees, at no extra round trip);
 --         {false, -2} when our own release already passed by (a late SET: never set)
@@ -53,7 +54,11 @@ end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
-return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+local held = redis.call('get', KEYS[1])
+if held == ARGV[1] then
+  return 1  -- our own SET, sent again on a fresh connection: still ours
+end
+return {held, redis.call('pttl', KEYS[1])}
 """
 )
 
@@ -69,10 +74,14 @@ ACQUIRE_FENCED: Final = Script(
 if redis.call('exists', KEYS[2]) == 1 then
   return {false, -2}
 end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, tonumber(redis.call('get', KEYS[3]) or '0')}
+local held = false
+if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  held = redis.call('get', KEYS[1])
+  if held ~= ARGV[1] then
+    return {held, redis.call('pttl', KEYS[1])}
+  end  -- our own SET, sent again on a fresh connection: still ours
 end
-return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+return {1, tonumber(redis.call('get', KEYS[3]) or '0')}
 """
 )
 

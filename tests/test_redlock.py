@@ -583,3 +583,19 @@ def test_a_release_that_overtakes_a_late_set_leaves_no_key_behind(
     time.sleep(0.3)  # the late SETs have landed by now
     assert _keys_everywhere(redis_nodes, "overtaken") == [None] * 5
     assert other_connections.acquire("overtaken", blocking=False) is not None
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_first_acquire_after_the_nodes_restart_succeeds_on_fresh_connections(
+    redis_cluster_factory: Callable[..., RedisCluster], n: int
+) -> None:
+    cluster = redis_cluster_factory(n)
+    redlock = Redlock(cluster.urls, ttl=5, node_timeout=0.2)
+    warm = redlock.acquire("restart")  # every node now has a pooled connection
+    assert warm is not None
+    warm.release()
+    for server in cluster:
+        server.restart(keep_data=False)  # the pooled connections are dead now
+    lease = redlock.acquire("restart", blocking=False)
+    assert lease is not None  # not a QuorumUnavailable for a stale socket
+    lease.release()
