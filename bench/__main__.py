@@ -1,10 +1,10 @@
-"""``python -m bench locks [--quick]`` / ``python -m bench profile``: see bench/__init__.py."""
+"""``python -m bench {locks,profile,tasks} [options]``: see bench/__init__.py, bench/tasks.py."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m bench {locks,profile} [options]   (-h after the name for options)"
+USAGE = "usage: python -m bench {locks,profile,tasks} [options]   (-h after the name for options)"
 
 
 def main(argv: list[str]) -> int:
@@ -20,6 +20,10 @@ def main(argv: list[str]) -> int:
         from .profile import main as run_profile
 
         return run_profile(rest)
+    if name == "tasks":
+        from .tasks import main as run_tasks
+
+        return run_tasks(rest)
     print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
     return 2
 
