@@ -1,0 +1,117 @@
+"""Command line: run the scenario catalogue and print what the model checker found.
+
+    python -m tools.modelcheck                  # the CI scenarios (about a minute of CPU)
+    python -m tools.modelcheck --full           # also N=5, three clients, ttl=2 fenced
+    python -m tools.modelcheck --only baseline --only naive-fences
+    python -m tools.modelcheck --json results.json --jobs 2
+
+Prints one table row per scenario (states explored, transitions, depth, result,
+seconds), then the shortest counterexample trace of every scenario that has one.
+Exits 1 if any scenario's result is not the expected one (a safe scenario with a
+violation, or a negative control without its counterexample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from .checker import Result, check_all
+from .model import scenarios
+
+
+def format_table(results: Sequence[Result]) -> str:
+    header = ("scenario", "N", "cl", "expect", "result", "ok", "states", "transitions",
+              "depth", "trace", "seconds")  # fmt: skip
+    rows = [header]
+    for r in results:
+        sc = r.scenario
+        outcome = r.outcome if r.violation is None else f"{r.outcome}: {r.violation.kind}"
+        rows.append(
+            (
+                sc.name,
+                str(sc.nodes),
+                str(sc.clients),
+                sc.expect if sc.expect == "safe" else f"violation: {sc.expect_kind}",
+                outcome,
+                "yes" if r.as_expected else "NO",
+                str(r.states),
+                str(r.transitions),
+                str(r.max_depth),
+                f"{r.trace_steps} steps" if r.trace else "-",
+                f"{r.seconds:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    numeric = {1, 2, 6, 7, 8, 10}
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            cell.rjust(widths[i]) if i in numeric else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_traces(results: Sequence[Result]) -> str:
+    blocks = []
+    for r in results:
+        if not r.trace:
+            continue
+        sc = r.scenario
+        blocks.append(
+            f"== {sc.name}: shortest counterexample, {r.trace_steps} steps "
+            f"(N={sc.nodes}, quorum {sc.quorum}, ttl={sc.ttl}, drift margin "
+            f"{sc.drift_margin}, node drift {sc.clock_drift})\n   {sc.description}\n"
+            + "\n".join("   " + line for line in r.trace)
+        )
+    return "\n\n".join(blocks)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.modelcheck",
+        description="Explicit-state model checking of Redlock with fencing.",
+    )
+    parser.add_argument("--full", action="store_true", help="also run the large scenarios")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only NAME")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to use (default 1)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    args = parser.parse_args(argv)
+
+    catalogue = scenarios()
+    if args.list:
+        for sc in catalogue:
+            print(f"{sc.name:48s} {'full' if sc.full_only else 'ci  '}  {sc.description}")
+        return 0
+    if args.only:
+        known = {sc.name for sc in catalogue}
+        unknown = sorted(set(args.only) - known)
+        if unknown:
+            parser.error(f"unknown scenario(s): {', '.join(unknown)}")
+        selected = [sc for sc in catalogue if sc.name in args.only]
+    else:
+        selected = [sc for sc in catalogue if args.full or not sc.full_only]
+
+    results = check_all(selected, args.jobs)
+    print(format_table(results))
+    traces = format_traces(results)
+    if traces:
+        print()
+        print(traces)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump([r.to_json() for r in results], out, indent=2)
+            out.write("\n")
+    return 0 if all(r.as_expected for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
