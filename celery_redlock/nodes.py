@@ -50,8 +50,10 @@ __all__ = ["NOT_AWAITED", "Command", "Node", "NodeSet", "pack"]
 
 
 #: Replies a connection may still owe before it is closed instead of reused: a node
-#: that stopped answering should not collect an unbounded backlog.
-MAX_OWED_REPLIES: Final = 32
+#: that stopped answering (hung) should not collect an unbounded backlog. A slow but
+#: live node never gets near it: owed replies are drained whenever the connection is
+#: taken. Closing drops what the node has not read yet, so this is for hung nodes only.
+MAX_OWED_REPLIES: Final = 256
 #: A connection still connecting after this long is dropped and started afresh.
 MAX_CONNECTING: Final = 5.0
 CLIENT_NAME: Final = b"celery-redlock"
@@ -327,9 +329,20 @@ class Node:
                 conn = idle.pop()  # deque.pop / append are atomic: no lock needed
             except IndexError:
                 break
-            if conn.state == _READY or now - conn.born < MAX_CONNECTING:
-                return conn
-            conn.close()
+            if conn.state != _READY:
+                if now - conn.born < MAX_CONNECTING:
+                    return conn
+                conn.close()
+                continue
+            if conn.expect:
+                # Replies owed from rounds that stopped at quorum: drop the ones that
+                # have arrived now, so a merely slow node never piles up a backlog.
+                try:
+                    conn.read()
+                except rexc.RedisError:
+                    conn.close()  # the node hung up meanwhile (restart, timeout)
+                    continue
+            return conn
         return self.connect(now) if connect else None
 
     def checkin(self, conn: _Connection) -> None:

@@ -50,20 +50,32 @@ class Watchdog:
     def watch(self, lease: Lease, interval: Optional[float] = None) -> None:
         """Renew ``lease`` every ``interval`` seconds (default ttl/3) until unwatched."""
         every = lease.ttl / 3 if interval is None else interval
+        due = self._clock() + every
         with self._cond:
             self._watched[id(lease)] = (lease, every)
-            self._push(lease, self._clock() + every)
+            earliest = not self._queue or due < self._queue[0][0]
+            self._push(lease, due)
             self._ensure_thread()
-            self._cond.notify()
+            if earliest:  # otherwise the thread already wakes in time: let it sleep
+                self._cond.notify()
 
     def unwatch(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (its queue entry is dropped when it comes due)."""
         with self._cond:
             self._watched.pop(id(lease), None)
+            if len(self._queue) > 2 * len(self._watched) + 64:
+                # Released leases wait in the heap until due (ttl/3): at thousands of
+                # tasks a second, drop them now rather than keep them alive.
+                self._queue = [e for e in self._queue if self._is_watched(e[2])]
+                heapq.heapify(self._queue)
 
     def watching(self, lease: Lease) -> bool:
         with self._cond:
-            return id(lease) in self._watched
+            return self._is_watched(lease)
+
+    def _is_watched(self, lease: Lease) -> bool:
+        entry = self._watched.get(id(lease))  # ids are reused: compare the object too
+        return entry is not None and entry[0] is lease
 
     def _push(self, lease: Lease, due: float) -> None:
         heapq.heappush(self._queue, (due, next(self._seq), lease))

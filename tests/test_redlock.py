@@ -599,3 +599,30 @@ def test_first_acquire_after_the_nodes_restart_succeeds_on_fresh_connections(
     lease = redlock.acquire("restart", blocking=False)
     assert lease is not None  # not a QuorumUnavailable for a stale socket
     lease.release()
+
+
+def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
+    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+) -> None:
+    # Rounds stop reading at quorum, so the slowest node's replies are always owed.
+    # They must be drained, not let pile up until the connection is dropped: a
+    # dropped connection (RST) makes the node discard commands it has not read yet,
+    # our releases among them, and the keys would linger until their TTL.
+    servers = list(redis_nodes)
+    lagging = fault_proxy_factory(servers[4])
+    lagging.delay(0.003)
+    redlock = Redlock([s.url for s in servers[:4]] + [lagging.url], ttl=30)
+    probe = servers[4].client()
+    connections_before = probe.info("stats")["total_connections_received"]
+    for i in range(200):
+        lease = redlock.acquire(f"lag:{i}", blocking=False)
+        assert lease is not None
+        lease.release()
+    time.sleep(0.3)
+    left = [
+        [k for k in server.client().scan_iter("lag:*") if b":released:" not in k]
+        for server in servers
+    ]
+    assert left == [[]] * 5
+    made = probe.info("stats")["total_connections_received"] - connections_before
+    assert made <= 2  # the lagging node keeps its connection(s); no churn
