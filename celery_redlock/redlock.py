@@ -386,7 +386,9 @@ class Redlock:
     ``1 + retry_count`` times, waiting ``retry_delay`` x random 0.5..1.5 in between
     (defaults 3 and 0.2 s), less when the holder's lock expires sooner.
     ``fencing``: give every lease a fence number that strictly increases per key
-    (costs a second round; default off).
+    (costs a second round; default off). Fences are at least the wall-clock time in
+    microseconds, so they also rise across a lock node that restarted without its
+    counters (see SAFETY.md).
     ``max_hold``: bound on the total hold time through ``extend``, seconds (default
     None: unbounded; the Celery integration always sets one).
     ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests.
@@ -441,6 +443,7 @@ class Redlock:
         self.max_hold = None if max_hold is None else _positive("max_hold", max_hold)
         self._clock = clock
         self._sleep = sleep
+        self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._nodes = NodeSet(nodes, clock=clock)
         self.quorum = quorum(len(self._nodes))
 
@@ -586,15 +589,21 @@ class Redlock:
         return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
-        """Second round of a fenced acquire: the fence T = 1 + the highest counter the
-        granting quorum reported, recorded on every node that still holds our token.
+        """Second round of a fenced acquire: the fence T, recorded on every node that
+        still holds our token; counts only with a majority within validity.
 
-        Any later holder's quorum shares a node with the majority that recorded T, so
-        it reads a counter >= T and picks a larger fence. Counts only with a majority
-        within validity.
+        T = max(1 + the highest counter the granting quorum reported, wall-clock
+        microseconds). Any later holder's quorum shares a node with the majority that
+        recorded T, so it reads a counter >= T and picks a larger fence -- as long as
+        that node kept its counter. A node restarted without persistence has lost it
+        (a delayed restart protects lock keys, not counters), and the shared node may
+        be exactly that one: the model checker finds that trace. The clock term covers
+        it: the next holder's grant comes after the restart delay (longer than the
+        largest TTL), so its clock reads past T as long as clients' clocks agree to
+        within that delay. With persisted counters, T rises whatever the clocks say.
         """
         counters = [int(r[1]) for r in granted if isinstance(r, list)]
-        fence = max(counters, default=0) + 1
+        fence = max(max(counters, default=0) + 1, self._wall_us())
         left = deadline - self._clock()
         if left <= 0:
             return None

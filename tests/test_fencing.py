@@ -137,3 +137,37 @@ def test_fences_rise_across_processes_and_survive_a_minority_restart_with_data(
         fences.append(lease.fence)
         lease.release()
     assert fences == sorted(set(fences))
+
+
+@pytest.mark.parametrize("clock_term", [True, False], ids=["with-clock-term", "control"])
+def test_fences_rise_across_a_delayed_restart_without_persistence(
+    redis_cluster_factory: Any, fault_proxy_factory: Any, clock_term: bool
+) -> None:
+    # The model checker's trace, on real servers: A's fence is recorded on exactly a
+    # quorum {0, 1}; node 0 then restarts empty after a delayed restart (longer than
+    # the TTL); B's quorum {0, 2} meets A's only at node 0, whose counter is gone.
+    # The control runs the counter-only scheme (clock term off) and must go wrong.
+    cluster: RedisCluster = redis_cluster_factory(3)
+    hidden = fault_proxy_factory(cluster[2])
+    hidden.blackhole()  # node 2 never sees A's acquire or fence
+    a = Redlock([cluster[0].url, cluster[1].url, hidden.url], ttl=0.3, fencing=True)
+    b = Redlock(cluster.urls, ttl=5, fencing=True, node_timeout=0.1)
+    if not clock_term:
+        a._wall_us = b._wall_us = lambda: 0
+    lease_a = a.acquire("restarted", blocking=False)
+    assert lease_a is not None and lease_a.fence is not None
+    assert cluster[0].client().get("restarted:fence") is not None
+    assert cluster[2].client().get("restarted:fence") is None
+    cluster[0].kill()
+    time.sleep(0.4)  # a delayed restart: down longer than the largest TTL
+    cluster[0].restart(keep_data=False)
+    cluster[1].pause()  # B's quorum is {0, 2}
+    try:
+        lease_b = b.acquire("restarted", blocking=False)
+    finally:
+        cluster[1].resume()
+    assert lease_b is not None and lease_b.fence is not None
+    if clock_term:
+        assert lease_b.fence > lease_a.fence
+    else:
+        assert lease_b.fence <= lease_a.fence  # counters alone lose the order here
