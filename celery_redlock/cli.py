@@ -32,6 +32,7 @@ locks nor deleted: fence numbers must never go backwards.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -121,11 +122,21 @@ def _json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
+class _Seconds(click.FloatRange):
+    """A finite number of seconds (FloatRange lets nan and inf through)."""
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Any) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return seconds
+
+
 def _timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--timeout",
         cls=CeleryOption,
-        type=click.FloatRange(min=0.001),
+        type=_Seconds(min=0.001),
         default=DEFAULT_TIMEOUT,
         show_default=True,
         help_group="Connection Options",

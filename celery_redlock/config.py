@@ -30,6 +30,7 @@ ON_QUEUED = ("return", "raise")
 DEFAULTS: dict[str, Any] = {
     "redlock_nodes": None,  # list of Redis URLs; None: the broker URL if it is Redis
     "redlock_key_prefix": "redlock",
+    "redlock_key_max_bytes": 1 << 20,  # largest canonical form of a call's arguments
     "redlock_node_timeout": 0.05,  # s, one round to all nodes
     "redlock_drift_factor": 0.01,
     "redlock_fencing": False,
@@ -217,6 +218,12 @@ class AppConfig:
                 f"redlock_key_prefix must be a non-empty str without whitespace, got {prefix!r}"
             )
         self.key_prefix = prefix
+        max_bytes = values["redlock_key_max_bytes"]
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ConfigurationError(
+                f"redlock_key_max_bytes must be a positive int (bytes), got {max_bytes!r}"
+            )
+        self.key_max_bytes = max_bytes
         drift = values["redlock_drift_factor"]
         if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 1:
             raise ConfigurationError(f"redlock_drift_factor must be in [0, 1), got {drift!r}")

@@ -32,12 +32,14 @@ import contextlib
 import errno
 import math
 import os
+import re
 import select
 import socket
 import ssl
 import time
 from collections import deque
 from typing import Any, Callable, Final, Optional, Sequence, Union
+from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rexc
@@ -191,18 +193,35 @@ def _parse(buf: bytearray, pos: int) -> tuple[object, int]:
 # -- nodes --------------------------------------------------------------------------
 
 
+_ACCEPTED_URLS: Final = (
+    "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
+    "(TLS) or unix:///path/to/socket[?db=N]"
+)
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for errors and logs)."""
+    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
 def _node_kwargs(spec: object, index: int) -> dict[str, Any]:
     if isinstance(spec, str):
+        shown = redact(spec)
         try:
             kwargs = parse_url(spec)  # type: ignore[no-untyped-call]
         except ValueError as exc:
+            detail = str(exc).replace(spec, shown)
             raise ConfigurationError(
-                f"nodes[{index}]: {spec!r} is not a Redis URL ({exc}); "
-                "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
-                "(TLS) or unix:///path/to/socket[?db=N]"
+                f"nodes[{index}]: {shown!r} is not a Redis URL ({detail}); {_ACCEPTED_URLS}"
             ) from None
         if "path" not in kwargs and not kwargs.get("host"):
-            raise ConfigurationError(f"nodes[{index}]: {spec!r} has no host")
+            raise ConfigurationError(f"nodes[{index}]: {shown!r} has no host; {_ACCEPTED_URLS}")
+        db = urlsplit(spec).path.strip("/")
+        if not spec.startswith("unix:") and db and not db.isdigit():
+            # redis-py drops a path it cannot read as a db and would lock in db 0.
+            raise ConfigurationError(
+                f"nodes[{index}]: {shown!r}: the db must be a number, got {db!r}"
+            )
         return dict(kwargs)
     if isinstance(spec, redis.Redis):
         pool = spec.connection_pool
@@ -237,7 +256,7 @@ class Node:
         self._ssl_context: Optional[ssl.SSLContext] = None
         self._server_hostname: Optional[str] = None
         if self.tls:
-            self._ssl_context, self._server_hostname = _ssl_settings(kwargs)
+            self._ssl_context, self._server_hostname = _ssl_settings(kwargs, index)
         self._handshake, self._handshake_tags = self._make_handshake(kwargs)
         self._sockaddr: Optional[tuple[int, Any]] = None
         self._idle: deque[_Connection] = deque()
@@ -372,24 +391,42 @@ class Node:
         self._client = self._given_client
 
 
-def _ssl_settings(kwargs: dict[str, Any]) -> tuple[ssl.SSLContext, Optional[str]]:
+def _ssl_settings(kwargs: dict[str, Any], index: int) -> tuple[ssl.SSLContext, Optional[str]]:
     """Build the TLS context exactly as redis-py's SSLConnection would."""
     conn_kwargs = {k: v for k, v in kwargs.items() if k != "connection_class"}
     try:
         model = SSLConnection(**conn_kwargs)
     except (TypeError, ValueError, rexc.RedisError) as exc:
-        raise ConfigurationError(f"nodes: invalid TLS settings: {exc}") from None
+        raise ConfigurationError(
+            f"nodes[{index}]: invalid TLS settings ({exc}); ssl_cert_reqs accepts "
+            "none, optional or required"
+        ) from None
     context = ssl.create_default_context()
     context.check_hostname = bool(model.check_hostname)
     context.verify_mode = model.cert_reqs
-    if model.certfile or model.keyfile:
-        context.load_cert_chain(
-            certfile=model.certfile, keyfile=model.keyfile, password=model.certificate_password
+    try:
+        if model.certfile or model.keyfile:
+            context.load_cert_chain(
+                certfile=model.certfile, keyfile=model.keyfile, password=model.certificate_password
+            )
+        if model.ca_certs is not None or model.ca_path is not None or model.ca_data is not None:
+            context.load_verify_locations(
+                cafile=model.ca_certs, capath=model.ca_path, cadata=model.ca_data
+            )
+    except (OSError, ssl.SSLError) as exc:
+        files = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("ssl_ca_certs", model.ca_certs),
+                ("ssl_ca_path", model.ca_path),
+                ("ssl_certfile", model.certfile),
+                ("ssl_keyfile", model.keyfile),
+            )
+            if value
         )
-    if model.ca_certs is not None or model.ca_path is not None or model.ca_data is not None:
-        context.load_verify_locations(
-            cafile=model.ca_certs, capath=model.ca_path, cadata=model.ca_data
-        )
+        raise ConfigurationError(
+            f"nodes[{index}]: cannot load the TLS files ({files}): {exc}"
+        ) from None
     if model.ssl_min_version is not None:
         context.minimum_version = model.ssl_min_version
     if model.ssl_ciphers:
@@ -400,7 +437,17 @@ def _ssl_settings(kwargs: dict[str, Any]) -> tuple[ssl.SSLContext, Optional[str]
 class _Connection:
     """A non-blocking socket to one node and the replies it still owes, in order."""
 
-    __slots__ = ("born", "expect", "inbuf", "node", "out", "pending", "sock", "state")
+    __slots__ = (
+        "born",
+        "expect",
+        "inbuf",
+        "node",
+        "out",
+        "pending",
+        "sock",
+        "state",
+        "tls_wants_write",
+    )
 
     def __init__(self, node: Node, family: int, sockaddr: Any, now: float) -> None:
         self.node = node
@@ -409,6 +456,7 @@ class _Connection:
         self.out = bytearray(node._handshake)
         self.expect: deque[int] = deque(node._handshake_tags)
         self.pending: Optional[bytes] = None  # the round's command, sent once ready
+        self.tls_wants_write = False  # what a TLS handshake in progress waits for
         sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock: Optional[socket.socket] = sock
         sock.setblocking(False)
@@ -454,7 +502,13 @@ class _Connection:
 
     @property
     def wants_write(self) -> bool:
-        return self.state != _READY or bool(self.out)
+        if self.state == _CONNECTING:
+            return True
+        if self.state == _TLS_HANDSHAKE:
+            # Polling a handshaking socket for POLLOUT when it waits to read would
+            # return at once, every time: a busy loop on a stalled node.
+            return self.tls_wants_write
+        return bool(self.out)
 
     def _connected(self) -> None:
         if self.node.tls:
@@ -480,7 +534,11 @@ class _Connection:
         assert isinstance(self.sock, ssl.SSLSocket)
         try:
             self.sock.do_handshake()
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        except ssl.SSLWantReadError:
+            self.tls_wants_write = False
+            return
+        except ssl.SSLWantWriteError:
+            self.tls_wants_write = True
             return
         except ssl.SSLError as exc:
             raise rexc.ConnectionError(

@@ -76,9 +76,20 @@ def _positive(name: str, value: object) -> float:
     return seconds
 
 
+def _check_text(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{name} must be text that UTF-8 can encode, got {value!r} ({exc.reason} at "
+            f"position {exc.start})"
+        ) from None
+
+
 def _check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise ConfigurationError(f"key must be a non-empty str, got {type(key).__name__}: {key!r}")
+    _check_text("key", key)
     return key
 
 
@@ -525,6 +536,8 @@ class Redlock:
             raise ConfigurationError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         if holder is not None and (not isinstance(holder, str) or "\n" in holder):
             raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
+        if holder is not None:
+            _check_text("holder", holder)
         who = holder or default_holder()
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
@@ -685,15 +698,30 @@ class Redlock:
         lease's ``token|holder``): releases a lock taken by another process that
         handed its value over, e.g. in a message header. Never touches another
         holder's lock."""
+        if not isinstance(value, str) or "|" not in value:
+            raise ConfigurationError(
+                f"value must be a lease's stored value, a 'token|holder' str, got {value!r}"
+            )
         self._release(_check_key(key), value, self.ttl)
 
     def _release(self, key: str, value: str, ttl: float) -> None:
-        self._nodes.round(
+        results = self._nodes.round(
             release_command(key, value, ttl),
             self.node_timeout,
             is_yes=_is_answer,
             enough_yes=self.quorum,
         )
+        errors = [
+            str(r) if str(r).startswith(node.address) else f"{node.address}: {r}"
+            for node, r in zip(self._nodes.nodes, results)
+            if isinstance(r, BaseException)
+        ]
+        if len(errors) > len(results) - self.quorum:
+            # Not a majority released it: it frees itself at its TTL. Say so.
+            logger.warning(
+                "release of lock %s failed on %d of %d nodes; it expires within %.1fs: %s",
+                key, len(errors), len(results), ttl, "; ".join(errors),
+            )  # fmt: skip
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""

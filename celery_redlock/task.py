@@ -25,9 +25,12 @@ What happens to the lock when:
 - the task calls ``self.retry()`` (or ``autoretry_for`` does): released *before* the
   retry is published, so the next attempt finds the lock free;
 - the task raises ``Ignore`` / ``Reject``: released by the ``task_postrun`` handler;
-- the worker child is SIGKILLed, hits its hard time limit, or is revoked with
-  ``terminate=True``: the child and its watchdog die with it, nothing is released,
-  and the lock frees itself within ``redlock_ttl`` (the renewal stops at once);
+- the task hits its hard time limit or is revoked with ``terminate=True``: billiard
+  sends SIGTERM first, ``SystemExit`` stops the body, and the ``task_postrun``
+  handler releases the lock after it (renewal is bounded by the limit + one TTL);
+- the worker child is SIGKILLed (OOM killer, a child that ignores SIGTERM): the
+  child and its watchdog die, nothing is released, and the lock frees itself within
+  ``redlock_ttl`` (the renewal stops at once);
 - the message is redelivered (``acks_late``, visibility timeout) while the first
   execution still runs: the redelivery does not share the first one's token, so it
   meets a held lock and waits (retry) instead of running beside it;
@@ -167,13 +170,15 @@ class RedlockTask(Task):  # type: ignore[misc]
     def lock_key(self, args: Any = (), kwargs: Any = None) -> str:
         """The lock key of a call with these arguments (same at enqueue and run time)."""
         options = self.redlock_options()
+        config = app_config(self.app)
         return lock_key(
             self.name,
             self.run,
             tuple(args or ()),
             dict(kwargs or {}),
-            prefix=app_config(self.app).key_prefix,
+            prefix=config.key_prefix,
             spec=options.key,
+            max_bytes=config.key_max_bytes,
         )
 
     def redlock_options(self) -> TaskOptions:
@@ -295,10 +300,12 @@ class RedlockTask(Task):  # type: ignore[misc]
         except QuorumUnavailable as exc:
             self._redlock_contended(key, options, exc, None, None)
         hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
+        lease.max_hold = options.max_hold
         if hard_limit:
-            lease.max_hold = min(options.max_hold, float(hard_limit))
-        else:
-            lease.max_hold = options.max_hold
+            # Renewal stops once the time limit has passed, but a renewal just before
+            # it must still cover the kill, which comes a moment after the limit: the
+            # bound is the limit plus one TTL, never the limit itself.
+            lease.max_hold = min(options.max_hold, float(hard_limit) + options.ttl)
         request.redlock_lease = lease
         self._hand_back_queued(key, options)  # running now: the next copy may queue
         if options.auto_extend:

@@ -383,14 +383,6 @@ def test_a_node_url_without_a_host_is_refused() -> None:
     _says(caught.value, "nodes[0]:", "has no host")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "node URL errors echo the password: nodes._node_kwargs puts the whole URL "
-        "({spec!r}) in the ConfigurationError, so 'redis://:hunter2@host:notaport/0' "
-        "writes hunter2 into worker logs and result backends"
-    ),
-)
 @pytest.mark.parametrize("url", ["redis://:hunter2@host:notaport/0", "redis://:hunter2@"])
 def test_a_refused_node_url_does_not_echo_its_password(url: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
@@ -398,27 +390,11 @@ def test_a_refused_node_url_does_not_echo_its_password(url: str) -> None:
     assert "hunter2" not in str(caught.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a non-integer db in a node URL is dropped silently: redis-py's parse_url "
-        "ignores the path '/notadb' (ValueError swallowed) and Redlock locks in db 0"
-    ),
-)
 def test_a_node_url_with_a_bad_db_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="notadb"):
         Redlock(["redis://127.0.0.1:6379/notadb"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a rediss:// URL naming a missing CA file raises a bare FileNotFoundError "
-        "('[Errno 2] No such file or directory', no path, no node) from "
-        "ssl.SSLContext.load_verify_locations in nodes._ssl_settings, not a "
-        "ConfigurationError naming the node and ssl_ca_certs"
-    ),
-)
 def test_a_missing_ca_file_is_a_configuration_error_naming_it(tmp_path: Any) -> None:
     missing = tmp_path / "no-such-ca.pem"
     with pytest.raises(ConfigurationError) as caught:
@@ -426,14 +402,6 @@ def test_a_missing_ca_file_is_a_configuration_error_naming_it(tmp_path: Any) -> 
     _says(caught.value, "nodes[0]", str(missing))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a bad ssl_cert_reqs is refused as 'nodes: invalid TLS settings: Invalid SSL "
-        "Certificate Requirements Flag: bogus': no node index and no accepted values "
-        "(none, optional, required)"
-    ),
-)
 def test_a_bad_ssl_cert_reqs_names_the_node_and_the_accepted_values() -> None:
     with pytest.raises(ConfigurationError) as caught:
         Redlock(["rediss://127.0.0.1:6380/0?ssl_cert_reqs=bogus"])
@@ -476,15 +444,6 @@ def test_separators_in_a_holder_survive_the_round_trip(stack: Stack) -> None:
         redlock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a key (or holder) that UTF-8 cannot encode (a lone surrogate, e.g. from "
-        "surrogateescape'd file names) escapes as a bare UnicodeEncodeError from "
-        "nodes.pack instead of a ConfigurationError; redlock._check_key only checks "
-        "'non-empty str'"
-    ),
-)
 @pytest.mark.parametrize(("key", "holder"), [("bad:\udcff", None), ("k", "w\udcff")])
 def test_an_unencodable_key_or_holder_is_a_configuration_error(
     stack: Stack, key: str, holder: Optional[str]
@@ -497,14 +456,6 @@ def test_an_unencodable_key_or_holder_is_a_configuration_error(
         redlock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Redlock.release_value('k', 123) raises AttributeError (\"'int' object has no "
-        "attribute 'partition'\", from redlock.tombstone) instead of a "
-        "ConfigurationError saying the value must be a lease's 'token|holder' str"
-    ),
-)
 def test_release_value_with_a_non_str_value_is_a_configuration_error(stack: Stack) -> None:
     redlock = Redlock(stack.nodes.urls, ttl=5)
     try:
@@ -583,14 +534,6 @@ def test_a_10_mb_argument_is_refused_in_under_2_s_naming_the_limit_and_the_way_o
     _says(error, *says)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the oversized-argument LockKeyError tells users about 'redlock_key_max_bytes', "
-        "but no such setting exists: config.DEFAULTS lacks it (app.conf raises 'unknown "
-        "setting') and RedlockTask never passes max_bytes to keys.lock_key"
-    ),
-)
 def test_the_setting_named_by_the_size_limit_error_can_be_set(clean: Stack) -> None:
     with settings(clean.app, {"redlock_key_max_bytes": 32 << 20}):
         assert clean.tasks["arg"].apply(args=("x" * (2 << 20),), throw=True).get() == "ran"
@@ -693,16 +636,6 @@ def test_a_bad_cli_argument_is_a_usage_error_naming_the_option(
     assert says in result.output and "Usage:" in result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "--timeout nan / inf pass click.FloatRange(min=0.001) (nan compares false, inf "
-        "is in range); the Redlock then refuses 'node_timeout must be a finite number of "
-        "seconds', so ls/show/release exit 78 (EX_CONFIG: bad settings) and doctor "
-        "reports a 'configuration' ERROR, instead of a usage error (exit 2) naming "
-        "--timeout"
-    ),
-)
 @pytest.mark.parametrize("command", [("ls",), ("doctor",)])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_non_finite_cli_timeout_is_a_usage_error(

@@ -361,16 +361,6 @@ def test_two_hung_tls_nodes_fail_within_node_timeout_not_per_node(
     assert all("no reply within 300 ms" in str(e) for e in caught.value.errors.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "busy loop in a stalled TLS handshake: _Connection.wants_write is true for every "
-        "state but READY, so nodes.NodeSet._collect polls a handshaking socket for "
-        "POLLOUT, which is always ready; do_handshake() raises SSLWantReadError and "
-        "poll() returns at once, spinning a core for the whole node_timeout (measured "
-        "0.7 s CPU for a 1 s round against 2 SIGSTOPped TLS nodes; 0.0 s over plain TCP)"
-    ),
-)
 def test_waiting_on_hung_tls_handshakes_does_not_burn_cpu(tls: list[TLSNode], certs: Certs) -> None:
     redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=1.0)
     try:
@@ -611,15 +601,6 @@ def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisC
     assert result.exit_code == 1, result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Lease.release() is silent when every node refuses it: Redlock._release "
-        "discards the round's replies, so a release failing on all nodes (here NOPERM "
-        "on DEL inside the script, for a user without +del) neither raises nor logs, "
-        "and the lock lingers until its TTL"
-    ),
-)
 def test_a_release_refused_by_every_node_is_reported(
     acl_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
