@@ -375,6 +375,7 @@ class Node:
             conn.pending = None
             while conn.expect and conn.expect[-1] == _RESULT:
                 conn.expect.pop()
+                conn.commands.pop()
         elif conn.out:
             conn.close()  # a half-written command: the stream is out of step
             return
@@ -439,6 +440,7 @@ class _Connection:
 
     __slots__ = (
         "born",
+        "commands",
         "expect",
         "inbuf",
         "node",
@@ -455,6 +457,9 @@ class _Connection:
         self.inbuf = bytearray()
         self.out = bytearray(node._handshake)
         self.expect: deque[int] = deque(node._handshake_tags)
+        # The command behind each _RESULT / _STALE tag, in the same order: a reply
+        # found to be NOSCRIPT after the round stopped waiting is resent as EVAL.
+        self.commands: deque[Command] = deque()
         self.pending: Optional[bytes] = None  # the round's command, sent once ready
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -481,9 +486,10 @@ class _Connection:
                 self.sock.close()
             self.sock = None
 
-    def send(self, payload: bytes) -> None:
+    def send(self, payload: bytes, command: Command) -> None:
         """Queue one command whose reply the round waits for; write it if we can."""
         self.expect.append(_RESULT)
+        self.commands.append(command)
         if self.state != _READY:
             self.pending = payload
             return
@@ -600,6 +606,7 @@ class _Connection:
                 and not self.node.tls
             ):
                 self.expect.popleft()
+                self.commands.popleft()
                 return [int(chunk[1:-2])]
             self.inbuf += chunk
             if len(chunk) < _READ_SIZE and not self.node.tls:
@@ -613,10 +620,21 @@ class _Connection:
                 break
             tag = self.expect.popleft()
             if tag == _RESULT:
+                self.commands.popleft()
                 results.append(reply)
+            elif tag == _STALE:
+                command = self.commands.popleft()
+                if isinstance(reply, rexc.NoScriptError):
+                    # Nobody waits for it, but it must still happen (a release after
+                    # an operator's SCRIPT FLUSH): send it again as EVAL, in order.
+                    self.out += command.fallback()
+                    self.expect.append(_STALE)
+                    self.commands.append(command)
             elif tag == _SETUP and isinstance(reply, rexc.RedisError):
                 raise type(reply)(f"{self.node.address}: {reply}")
         del buf[:pos]
+        if self.out:
+            self.flush()
         return results
 
 
@@ -702,7 +720,7 @@ class NodeSet:
                     continue
                 conns[i] = conn
                 try:
-                    conn.send(command.payload)
+                    conn.send(command.payload, command)
                 except rexc.ConnectionError:
                     if conn.born == now or not wait:
                         raise
@@ -710,7 +728,7 @@ class NodeSet:
                     # once more on a fresh one, within the same round.
                     conn.close()
                     conns[i] = conn = node.connect(now)
-                    conn.send(command.payload)
+                    conn.send(command.payload, command)
             except (rexc.RedisError, OSError) as exc:
                 results[i] = (
                     exc
@@ -784,7 +802,7 @@ class NodeSet:
                         # scripts are idempotent for our own value, so a resend is safe.
                         try:
                             fresh = conn.node.connect(started)
-                            fresh.send(command.payload)
+                            fresh.send(command.payload, command)
                         except rexc.RedisError as again:
                             exc = again
                         else:
@@ -801,7 +819,7 @@ class NodeSet:
                     continue
                 for reply in replies:
                     if isinstance(reply, rexc.NoScriptError):
-                        conn.send(command.fallback())  # the node forgot our scripts
+                        conn.send(command.fallback(), command)  # the node forgot our scripts
                         continue
                     results[i] = reply
                     if is_yes(reply):

@@ -626,3 +626,24 @@ def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
     assert left == [[]] * 5
     made = probe.info("stats")["total_connections_received"] - connections_before
     assert made <= 2  # the lagging node keeps its connection(s); no churn
+
+
+def test_a_release_after_script_flush_reaches_the_node_the_round_did_not_wait_for(
+    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+) -> None:
+    # The release returns once a quorum answered; the slow node's reply is NOSCRIPT
+    # (its scripts were flushed) and arrives after: it must still be resent as EVAL.
+    servers = list(redis_nodes)
+    slow = fault_proxy_factory(servers[4])
+    redlock = Redlock([s.url for s in servers[:4]] + [slow.url], ttl=30)
+    lease = redlock.acquire("flushed", blocking=False)
+    assert lease is not None
+    time.sleep(0.05)  # every node holds the key
+    for server in servers:
+        server.client().script_flush()
+    slow.delay(0.05)
+    lease.release()
+    time.sleep(0.3)
+    redlock.acquire("other", blocking=False)  # a later round drains the slow node
+    time.sleep(0.3)
+    assert _keys_everywhere(redis_nodes, "flushed") == [None] * 5
