@@ -58,6 +58,12 @@ __all__ = ["NOT_AWAITED", "Command", "Node", "NodeSet", "pack"]
 MAX_OWED_REPLIES: Final = 256
 #: A connection still connecting after this long is dropped and started afresh.
 MAX_CONNECTING: Final = 5.0
+#: A connection whose oldest owed reply is older than this many round deadlines (and
+#: at least MIN_OWED_AGE seconds) is closed, not reused: a reply that never comes
+#: (bytes dropped by a proxy, a node hung for good) would otherwise keep every later
+#: round on it one reply behind.
+OWED_AGE_ROUNDS: Final = 10
+MIN_OWED_AGE: Final = 0.5
 CLIENT_NAME: Final = b"celery-redlock"
 
 _READ_SIZE: Final = 65536
@@ -339,7 +345,9 @@ class Node:
             raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
         return _Connection(self, family, sockaddr, now)
 
-    def checkout(self, connect: bool, now: float) -> Optional[_Connection]:
+    def checkout(
+        self, connect: bool, now: float, owed_age: float = MIN_OWED_AGE
+    ) -> Optional[_Connection]:
         """An idle connection, or a new one being set up (``None`` when ``connect`` is
         false and there is no idle one). Raises ``redis.ConnectionError``."""
         idle = self._idle
@@ -361,10 +369,13 @@ class Node:
                 except rexc.RedisError:
                     conn.close()  # the node hung up meanwhile (restart, timeout)
                     continue
+                if conn.owed_since is not None and now - conn.owed_since > owed_age:
+                    conn.close()  # those replies are not coming: start afresh
+                    continue
             return conn
         return self.connect(now) if connect else None
 
-    def checkin(self, conn: _Connection) -> None:
+    def checkin(self, conn: _Connection, now: float) -> None:
         """Take back a connection after a round: in step, or closed."""
         if conn.sock is None or len(conn.expect) > MAX_OWED_REPLIES:
             conn.close()
@@ -382,6 +393,8 @@ class Node:
         elif conn.expect:
             # Replies we stopped waiting for are still owed: read and drop them first.
             conn.expect = deque(_STALE if t == _RESULT else t for t in conn.expect)
+            if conn.owed_since is None:
+                conn.owed_since = now
         self._idle.append(conn)
 
     def reset(self) -> None:
@@ -445,6 +458,7 @@ class _Connection:
         "inbuf",
         "node",
         "out",
+        "owed_since",
         "pending",
         "sock",
         "state",
@@ -460,6 +474,7 @@ class _Connection:
         # The command behind each _RESULT / _STALE tag, in the same order: a reply
         # found to be NOSCRIPT after the round stopped waiting is resent as EVAL.
         self.commands: deque[Command] = deque()
+        self.owed_since: Optional[float] = None  # when replies nobody waits for began
         self.pending: Optional[bytes] = None  # the round's command, sent once ready
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -633,6 +648,8 @@ class _Connection:
             elif tag == _SETUP and isinstance(reply, rexc.RedisError):
                 raise type(reply)(f"{self.node.address}: {reply}")
         del buf[:pos]
+        if self.owed_since is not None and _STALE not in self.expect:
+            self.owed_since = None  # caught up
         if self.out:
             self.flush()
         return results
@@ -715,7 +732,7 @@ class NodeSet:
         no = 0
         for i, node in enumerate(self.nodes):
             try:
-                conn = node.checkout(wait, now)
+                conn = node.checkout(wait, now, max(MIN_OWED_AGE, OWED_AGE_ROUNDS * timeout))
                 if conn is None:
                     continue
                 conns[i] = conn
@@ -744,7 +761,7 @@ class NodeSet:
         )
         for i, conn in enumerate(conns):
             if conn is not None:
-                conn.node.checkin(conn)
+                conn.node.checkin(conn, now)
             if results[i] is _INCOMPLETE:
                 results[i] = (
                     rexc.TimeoutError(

@@ -1339,14 +1339,6 @@ def test_lost_renewal_is_reported_before_the_deadline_and_foreign_ttls_stay(
     _passes(extension_failure(lab, seed), request, seed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nodes.py: commands dropped on a live connection (FaultProxy.blackhole, then "
-    "heal) leave the pooled connection owing 2 replies that never come; every later "
-    "round on that node reads one reply short and times out, and MAX_OWED_REPLIES (32) "
-    "never trips because the backlog stays at 2-3: the node is lost until the process "
-    "restarts",
-)
 def test_nodes_blackholed_then_healed_answer_again(lab: Lab) -> None:
     cluster = lab.make_cluster(5)
     proxies = [lab.make_proxy(server) for server in cluster]
