@@ -158,9 +158,12 @@ def count_commands(
     )
 
 
-def count_keys(addresses: list[tuple[str, int]], pattern: str, skip: str = "") -> list[int]:
+def count_keys(
+    addresses: list[tuple[str, int]], pattern: str, skip: tuple[str, ...] = ()
+) -> list[int]:
     """How many keys match ``pattern`` (SCAN MATCH) on each node, leaving out those
-    containing ``skip`` (python-redis-lock's short-lived ``lock-signal:`` lists)."""
+    containing any of ``skip`` (python-redis-lock's short-lived ``lock-signal:`` lists;
+    celery-redlock's fence counters and release tombstones, marked by a NUL)."""
     counts = []
     for host, port in addresses:
         found = 0
@@ -174,7 +177,7 @@ def count_keys(addresses: list[tuple[str, int]], pattern: str, skip: str = "") -
                 found += sum(
                     1
                     for name in names
-                    if not (skip and isinstance(name, bytes) and skip.encode() in name)
+                    if not (isinstance(name, bytes) and any(s.encode() in name for s in skip))
                 )
                 if cursor == b"0":
                     break

@@ -244,7 +244,7 @@ def _left_behind(
     """
     time.sleep(0.1)
     pattern = f"*{keys(phase, contender.slug)}*"
-    return count_keys(addresses[: contender.nodes], pattern, skip="signal")
+    return count_keys(addresses[: contender.nodes], pattern, skip=("signal", "\x00"))
 
 
 def _threaded(

@@ -347,7 +347,7 @@ def measure(
     window_ns = stamps[-1][0] - stamps[0][0]
     cpu_ns, cycles = _cpu_ns(stamps)
     addresses = [(node.host, node.port) for node in servers.nodes]
-    left = sum(count_keys(addresses, "redlock:bench.*", skip=":released:"))
+    left = sum(count_keys(addresses, "redlock:bench.*", skip=("\x00",)))
     left += sum(count_keys(addresses[:1], f"{taskapp.LOCK_PREFIX}:*"))
     servers.nodes.flushall()  # tombstones, and any key left: the next run counts its own
     return Measurement(

@@ -25,7 +25,7 @@ Each node is inspected through a plain redis-py client (``Node.client()``), one
 thread per node under one shared deadline, so a hung node costs ``--timeout`` once,
 not once per node, key or command. ``show`` reads with ``Redlock.holder`` (one
 round); ``release`` runs the RELEASE compare-and-delete script on every node, or a
-plain DEL with ``--force``. Fence counters (``<key>:fence``) are never listed as
+plain DEL with ``--force``. Fence counters (``<key>\\0fence``) are never listed as
 locks nor deleted: fence numbers must never go backwards.
 """
 
@@ -52,7 +52,15 @@ from . import scripts
 from .config import AppConfig, app_config
 from .errors import ConfigurationError
 from .nodes import Node
-from .redlock import TOMBSTONE, HolderInfo, NodeHolding, Redlock, quorum, tombstone
+from .redlock import (
+    FENCE,
+    HolderInfo,
+    NodeHolding,
+    Redlock,
+    is_lock_key,
+    quorum,
+    tombstone,
+)
 
 __all__ = ["redlock"]
 
@@ -73,12 +81,12 @@ MIN_REDIS_VERSION = (2, 6, 12)
 #: Lock keys without a TTL listed by doctor (all of them are counted).
 NO_TTL_SHOWN = 10
 #: Counter keys of fenced locks: they never expire, on purpose.
-FENCE_SUFFIX = ":fence"
+FENCE_SUFFIX = FENCE
 
 
 def _is_lock_key(name: str) -> bool:
     """Lock keys, not the fence counters or release tombstones kept beside them."""
-    return not name.endswith(FENCE_SUFFIX) and TOMBSTONE not in name
+    return is_lock_key(name)
 
 
 #: The scan for keys without a TTL stops at this fraction of the node's budget, so
@@ -783,6 +791,7 @@ class NodeFacts:
     keys_without_ttl: list[str] = field(default_factory=list)
     keys_without_ttl_count: int = 0
     scan_complete: bool = True
+    lock_scripts_error: Optional[str] = None
     checks: list[Check] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -806,6 +815,7 @@ class NodeFacts:
             "keys_without_ttl": self.keys_without_ttl,
             "keys_without_ttl_count": self.keys_without_ttl_count,
             "scan_complete": self.scan_complete,
+            "lock_scripts_error": self.lock_scripts_error,
             "status": _worst(self.checks),
             "checks": [c.as_dict() for c in self.checks],
         }
@@ -857,8 +867,29 @@ def inspect_node(node: Node, prefix: str, budget: float) -> NodeFacts:
     seconds, micros = client.time()
     after = time.time()
     facts.clock_offset = seconds + micros / 1e6 - (before + after) / 2
+    facts.lock_scripts_error = _probe_lock_scripts(client, prefix)
     _scan_lock_keys(client, prefix, facts, started + budget * SCAN_BUDGET)
     return facts
+
+
+def _probe_lock_scripts(client: redis.Redis, prefix: str) -> Optional[str]:
+    """Take and release a probe lock with the lock's own commands (SCRIPT LOAD, then
+    EVALSHA of the acquire and release scripts): None when this user may, else why not.
+    Inspection alone cannot tell: an ACL may allow INFO and forbid EVALSHA or DEL."""
+    key = f"{prefix}:doctor-probe:{os.getpid()}:{time.monotonic_ns()}"
+    value = "doctor-probe|celery redlock doctor"
+    try:
+        for script in (scripts.ACQUIRE, scripts.RELEASE):
+            client.script_load(script.source)
+        taken = client.evalsha(scripts.ACQUIRE.sha, 2, key, tombstone(key, value), value, 5000)
+        if taken != 1:
+            return f"the probe lock {key} was not granted ({taken!r})"
+        released = client.evalsha(scripts.RELEASE.sha, 2, key, tombstone(key, value), value, 5000)
+        if released != 1:
+            return f"the probe lock {key} was not released ({released!r})"
+    except redis.RedisError as exc:
+        return _error_text(exc)
+    return None
 
 
 def _scan_lock_keys(client: redis.Redis, prefix: str, facts: NodeFacts, stop_at: float) -> None:
@@ -894,6 +925,19 @@ def _version(text: Optional[str]) -> tuple[int, ...]:
 def judge_node(facts: NodeFacts, config: AppConfig) -> list[Check]:
     """The checks of one reachable node, from its facts."""
     checks = []
+    if facts.lock_scripts_error:
+        checks.append(
+            Check(
+                "permissions",
+                ERROR,
+                "this user cannot run the lock's commands: "
+                f"{facts.lock_scripts_error}; an ACL user needs at least "
+                f"~{config.key_prefix}:* +evalsha +script|load +get +set +exists +pttl "
+                "+pexpire +del (and +eval to survive SCRIPT FLUSH)",
+            )
+        )
+    else:
+        checks.append(Check("permissions", OK, "a probe lock was taken and released"))
     latency = facts.latency_ms or 0.0
     timeout_ms = config.task_defaults.node_timeout * 1000
     if latency > timeout_ms / 2:

@@ -89,17 +89,39 @@ def _check_text(name: str, value: str) -> None:
 def _check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise ConfigurationError(f"key must be a non-empty str, got {type(key).__name__}: {key!r}")
+    if INTERNAL in key:
+        raise ConfigurationError(
+            f"key must not contain NUL ('\\x00'), got {key!r}: it separates a lock key from "
+            "the lock's own keys (fence counters, release tombstones)"
+        )
     _check_text("key", key)
     return key
 
 
-#: Suffix of a release's tombstone: ``<key>:released:<token>`` (see scripts.RELEASE).
-TOMBSTONE = ":released:"
+#: Separates a lock key from the lock's own keys kept beside it. Lock keys may not
+#: contain it, so no lock key can ever be another key's fence counter or tombstone
+#: (with ":fence", the lock for "job:fence" *was* the fence counter of "job"). They
+#: stay under the lock key's prefix, so one ACL key pattern covers all of them.
+INTERNAL = "\x00"
+#: Marks a release's tombstone: ``<key>\0released\0<token>`` (see scripts.RELEASE).
+TOMBSTONE = INTERNAL + "released" + INTERNAL
+#: Suffix of a key's fence counter, ``<key>\0fence`` (never expires, by design).
+FENCE = INTERNAL + "fence"
 
 
 def tombstone(key: str, value: str) -> str:
     """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
     return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
+
+
+def fence_counter(key: str) -> str:
+    """Where the nodes keep the highest fence granted for ``key``."""
+    return key + FENCE
+
+
+def is_lock_key(name: str) -> bool:
+    """A lock key, not a fence counter or tombstone kept beside one."""
+    return INTERNAL not in name
 
 
 def release_command(key: str, value: str, ttl: float) -> Command:
@@ -571,7 +593,7 @@ class Redlock:
         if self.fencing:
             command = Command(
                 scripts.ACQUIRE_FENCED,
-                [key, tombstone(key, value), key + ":fence"],
+                [key, tombstone(key, value), fence_counter(key)],
                 [value, ttl_ms],
             )
         else:
@@ -620,7 +642,7 @@ class Redlock:
         left = deadline - self._clock()
         if left <= 0:
             return None
-        command = Command(scripts.FENCE, [key, key + ":fence"], [value, fence])
+        command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
         results = self._nodes.round(
             command,
             min(self.node_timeout, left),

@@ -79,10 +79,10 @@ __all__ = [
 SEED_ENV = "REDLOCK_FAULT_SEED"
 
 # Key shapes the lock leaves on a node, spelled out here rather than imported: a
-# release's tombstone ``<key>:released:<token>`` (must expire) and a fence counter
-# ``<key>:fence`` (never expires, by design). Anything else is a lock key.
-TOMBSTONE_MARK = ":released:"
-FENCE_SUFFIX = ":fence"
+# release's tombstone ``<key>\\0released\\0<token>`` (must expire) and a fence counter
+# ``<key>\\0fence`` (never expires, by design). Anything else is a lock key.
+TOMBSTONE_MARK = "\x00released\x00"
+FENCE_SUFFIX = "\x00fence"
 
 NS = 1_000_000_000
 

@@ -156,8 +156,8 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
         a._wall_us = b._wall_us = lambda: 0
     lease_a = a.acquire("restarted", blocking=False)
     assert lease_a is not None and lease_a.fence is not None
-    assert cluster[0].client().get("restarted:fence") is not None
-    assert cluster[2].client().get("restarted:fence") is None
+    assert cluster[0].client().get("restarted\x00fence") is not None
+    assert cluster[2].client().get("restarted\x00fence") is None
     cluster[0].kill()
     time.sleep(0.4)  # a delayed restart: down longer than the largest TTL
     cluster[0].restart(keep_data=False)

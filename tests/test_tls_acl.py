@@ -14,7 +14,7 @@ ACL: a user limited to the lock prefix and the commands the lock needs. The
 handshake sends AUTH (always allowed), SELECT (not for db 0), CLIENT SETNAME and
 SCRIPT LOAD (both optional: errors ignored); lock operations are EVALSHA (EVAL after
 NOSCRIPT) of scripts that run GET, SET, EXISTS, PTTL, PEXPIRE and DEL on keys under
-the lock key (``<key>:released:<token>`` tombstones, ``<key>:fence`` counters). Redis
+the lock key (``<key>\\0released\\0<token>`` tombstones, ``<key>\\0fence`` counters). Redis
 checks both the script's declared keys and every command it runs against the user.
 """
 
@@ -576,15 +576,6 @@ def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
         assert "no permissions to run the 'ping' command" in check["message"], check
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "doctor never checks the lock's own permissions: it runs PING/INFO/CONFIG/"
-        "TIME/SCAN/PTTL but never EVALSHA/EVAL nor ACL DRYRUN, so a user allowed "
-        "everything but +evalsha/+eval passes doctor (exit 0) while every acquire "
-        "fails with NOPERM"
-    ),
-)
 def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisCluster) -> None:
     urls = set_user(acl_nodes, "ops", "pw", "~*", "+@all", "-evalsha", "-eval")
     redlock = Redlock(urls, ttl=5, node_timeout=0.5)
