@@ -69,6 +69,7 @@ from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
 from . import signals
+from .beat import ENTRY_HEADER, TICK_HEADER
 from .config import TASK_OPTIONS, TaskOptions, app_config
 from .errors import AlreadyQueued, ConfigurationError, LockContended, QuorumUnavailable
 from .keys import lock_key, validate_spec
@@ -288,6 +289,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         holder = f"{task_id}@{worker}:{os.getpid()}"
         redlock = config.redlock(options.node_timeout, options.fencing)
         started = time.monotonic()
+        self._redlock_once_per_tick(config.key_prefix, options, redlock, holder)
         try:
             if options.on_contended == "retry":
                 lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
@@ -315,6 +317,36 @@ class RedlockTask(Task):  # type: ignore[misc]
         signals.lock_acquired.send(
             sender=self, task_id=task_id, key=key, lease=lease, elapsed=time.monotonic() - started
         )
+
+    def _redlock_once_per_tick(
+        self, prefix: str, options: TaskOptions, redlock: Redlock, holder: str
+    ) -> None:
+        """A beat tick runs once even if it was sent twice: beat's header names the
+        entry and tick, and the first copy to start takes ``<prefix>:beat-ran:...``
+        (never released; it expires after ``redlock_ttl``). A later attempt of that
+        same copy (a lock retry) is recognised by its task id and goes on."""
+        request = self.request
+        tick, entry = _header(request, TICK_HEADER), _header(request, ENTRY_HEADER)
+        if tick is None or not entry:
+            return
+        key = f"{prefix}:beat-ran:{entry}:{tick}"
+        try:
+            _acquire_confirmed(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE, False)
+        except QuorumUnavailable:
+            return  # the run-time lock below meets the same outage and handles it
+        except LockContended as exc:
+            if (exc.holder or "").startswith(f"{request.id}@"):
+                return
+            logger.warning(
+                "beat tick already ran: task %s[%s] entry %s tick %s ran as %s -> skipped",
+                self.name, request.id, entry, tick, exc.holder or "unknown",
+            )  # fmt: skip
+            signals.lock_contended.send(
+                sender=self, task_id=request.id, key=key, holder=exc.holder, ttl=exc.ttl,
+                action="skip", countdown=None, attempt=None,
+            )  # fmt: skip
+            self._mark_skipped(key, exc.holder, False)
+            raise Ignore(f"skipped: beat tick {tick} of {entry} already ran") from None
 
     def _redlock_contended(
         self,

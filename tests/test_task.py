@@ -498,3 +498,22 @@ def test_split_vote_does_not_make_a_skip_task_drop_its_work(
     result = tasks["skip"].apply(args=(0.01,), kwargs={"tag": "split"})
     assert result.get() == "ran"  # waited out the split instead of skipping
     assert recorder.of("lock_contended") == []
+
+
+def test_a_beat_tick_sent_twice_runs_once(tasks: dict[str, Any], recorder: Recorder) -> None:
+    from celery_redlock.beat import ENTRY_HEADER, TICK_HEADER
+
+    tick = {TICK_HEADER: 1234, ENTRY_HEADER: "every-second"}
+    first = tasks["hold"].apply(args=(0.01,), kwargs={"tag": "tick"}, headers=tick)
+    assert first.successful()
+    again = tasks["hold"].apply(
+        args=(0.01,), kwargs={"tag": "tick"}, headers=tick, task_id=first.id
+    )
+    assert again.successful()  # the same copy retried: not a duplicate
+    duplicate = tasks["hold"].apply(args=(0.01,), kwargs={"tag": "tick"}, headers=tick)
+    assert duplicate.state == "IGNORED"  # another copy of the same tick: skipped
+    skipped = [c for c in recorder.of("lock_contended") if c["action"] == "skip"]
+    assert [c["key"] for c in skipped] == ["redlock:beat-ran:every-second:1234"]
+    assert skipped[0]["holder"].startswith(first.id + "@")
+    next_tick = {TICK_HEADER: 1235, ENTRY_HEADER: "every-second"}
+    assert tasks["hold"].apply(args=(0.01,), kwargs={"tag": "tick"}, headers=next_tick).successful()
