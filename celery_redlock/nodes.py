@@ -712,9 +712,10 @@ class NodeSet:
 
         Stops when ``enough_yes`` replies satisfy ``is_yes`` or ``enough_no`` do not
         (errors count as no), when every node has answered, or at ``timeout``
-        seconds. The result has one entry per node: the reply, or an exception
-        instance (``redis.ConnectionError``, ``redis.TimeoutError`` for a node that
-        did not answer in time, ``redis.ResponseError`` for a script error).
+        seconds. The result has one entry per node: the reply, ``NOT_AWAITED`` when
+        the outcome was decided before that node answered, or an exception instance
+        (``redis.ConnectionError``, ``redis.TimeoutError`` for a node that did not
+        answer in time, ``redis.ResponseError`` for a script error).
 
         ``wait=False`` only writes to nodes with an idle, ready connection and returns
         at once (a failed acquire's clean-up must not wait on hung nodes); their

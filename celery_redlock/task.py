@@ -61,7 +61,7 @@ import os
 import random
 import socket
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
@@ -288,8 +288,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         worker = request.hostname or socket.gethostname()
         holder = f"{task_id}@{worker}:{os.getpid()}"
         redlock = config.redlock(options.node_timeout, options.fencing)
-        started = time.monotonic()
         self._redlock_once_per_tick(config.key_prefix, options, redlock, holder)
+        started = time.monotonic()
         try:
             if options.on_contended == "retry":
                 lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
@@ -355,7 +355,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         exc: Exception,
         holder: Optional[str],
         ttl: Optional[float],
-    ) -> Any:
+    ) -> NoReturn:
         """Retry, skip or fail this duplicate; always raises."""
         request = self.request
         attempt = self._redlock_retries() + 1
