@@ -792,6 +792,7 @@ class NodeFacts:
     keys_without_ttl_count: int = 0
     scan_complete: bool = True
     lock_scripts_error: Optional[str] = None
+    restricted: bool = False  # answered, but this user may not inspect it
     checks: list[Check] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -1117,7 +1118,17 @@ def judge_cluster(facts: list[NodeFacts], config: AppConfig) -> list[Check]:
     detail = f"{usable} of {count} nodes usable (reachable, master, distinct), quorum {need}"
     if reachable < count or usable < reachable:
         detail += f"; {reachable} reachable"
-    if usable < need:
+    restricted = sum(1 for n in facts if n.restricted)
+    if usable < need and restricted:
+        checks.append(
+            Check(
+                "quorum",
+                ERROR,
+                f"{detail}; {restricted} answered but could not be inspected by this user: "
+                "the quorum cannot be confirmed",
+            )
+        )
+    elif usable < need:
         checks.append(Check("quorum", ERROR, detail + ": no lock can be taken"))
     else:
         checks.append(Check("quorum", OK, detail))
@@ -1134,7 +1145,16 @@ def run_doctor(config: AppConfig, timeout: float) -> dict[str, Any]:
     for node, result in zip(nodes, results):
         if isinstance(result, BaseException):
             down = NodeFacts(node.address, error=_error_text(result))
-            down.checks = [Check("reachable", ERROR, f"unreachable: {down.error}")]
+            if isinstance(result, redis.exceptions.NoPermissionError):
+                # It answered: only this user may not inspect it (a lock-only ACL user).
+                down.restricted = True
+                message = (
+                    f"reachable, but this user may not inspect it ({down.error}); run doctor "
+                    "as a user allowed PING, INFO, CONFIG GET, TIME, SCAN and PTTL"
+                )
+            else:
+                message = f"unreachable: {down.error}"
+            down.checks = [Check("reachable", ERROR, message)]
             facts.append(down)
             continue
         result.checks = [Check("reachable", OK, f"yes, run_id {str(result.run_id)[:8]}")]

@@ -561,8 +561,8 @@ def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
 ) -> None:
     """What doctor does: it inspects each node with PING, INFO, CONFIG GET, TIME, SCAN
     and PTTL. The minimal lock user may run none of them, so every node is reported
-    ERROR "unreachable: this user has no permissions to run the 'ping' command"
-    (reachable, in fact: only refused)."""
+    ERROR "reachable, but this user may not inspect it (... no permissions to run the
+    'ping' command)"."""
     import json
 
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)
