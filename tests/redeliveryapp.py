@@ -18,12 +18,10 @@ unacked message too, and one held past the visibility timeout would be duplicate
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from celery import Celery
-from workerapp import BROKER_URL, KEY_PREFIX, KEY_TEMPLATE, REDLOCK_NODES, occupy
-
-from celery_redlock import RedlockTask
+from workerapp import BROKER_URL, KEY_PREFIX, KEY_TEMPLATE, REDLOCK_NODES, occupy_task
 
 #: Seconds an unacked message stays invisible before the broker hands it out again.
 VISIBILITY_TIMEOUT = 2
@@ -55,25 +53,7 @@ def lock_key(tag: str) -> str:
 
 
 def _occupy_task(name: str, **options: Any) -> Any:
-    def run(
-        self: RedlockTask,
-        tag: str,
-        seconds: float,
-        counter: str = "occ",
-        again_seconds: Optional[float] = None,
-        until: Optional[str] = None,
-    ) -> dict[str, Any]:
-        return occupy(self, tag, seconds, counter, again_seconds, until)
-
-    run.__name__ = name
-    return app.task(
-        name=f"redeliveryapp.{name}",
-        shared=False,
-        bind=True,
-        base=RedlockTask,
-        redlock_key=KEY_TEMPLATE,
-        **options,
-    )(run)
+    return occupy_task(app, "redeliveryapp", name, **options)
 
 
 #: Retries while the key is held; a 2 s lease renewed by the watchdog.

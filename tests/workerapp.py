@@ -133,7 +133,9 @@ def occupy(
     }
 
 
-def _occupy_task(name: str, **options: Any) -> Any:
+def occupy_task(celery_app: Celery, prefix: str, name: str, **options: Any) -> Any:
+    """A RedlockTask named ``{prefix}.{name}`` whose body is :func:`occupy`."""
+
     def run(
         self: RedlockTask,
         tag: str,
@@ -147,14 +149,18 @@ def _occupy_task(name: str, **options: Any) -> Any:
     run.__name__ = name
     # Not decorator syntax: Celery's app.task is untyped. shared=False: other apps in
     # the pytest process must not get these tasks.
-    return app.task(
-        name=f"workerapp.{name}",
+    return celery_app.task(
+        name=f"{prefix}.{name}",
         shared=False,
         bind=True,
         base=RedlockTask,
         redlock_key=KEY_TEMPLATE,
         **options,
     )(run)
+
+
+def _occupy_task(name: str, **options: Any) -> Any:
+    return occupy_task(app, "workerapp", name, **options)
 
 
 #: Retries while the key is held (the default contention mode).
