@@ -29,6 +29,9 @@ from celery_redlock.testing import (
     RedisServerFactory,
     find_redis_server,
 )
+from celery_redlock.testing import server as server_module
+from celery_redlock.testing.children import process_state
+from celery_redlock.testing.ports import claim_free_port
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SYSTEM_BINARY = "/usr/bin/redis-server"
@@ -74,7 +77,7 @@ def process_gone(pid: int, within: float = 3.0) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        if testing._process_state(pid) == "Z":
+        if process_state(pid) == "Z":
             return True
         if time.monotonic() > deadline:
             return False
@@ -271,8 +274,10 @@ def test_free_port_taken_by_someone_else_is_replaced_by_another(
     with socket.create_server(("127.0.0.1", 0)) as squatter:
         taken = squatter.getsockname()[1]
         ports = iter([taken])
-        claim = testing._claim_free_port
-        monkeypatch.setattr(testing, "_claim_free_port", lambda: next(ports, None) or claim())
+        # RedisServer looks the claim up in its own module.
+        monkeypatch.setattr(
+            server_module, "claim_free_port", lambda: next(ports, None) or claim_free_port()
+        )
         with RedisServer() as server:
             assert server.port != taken
             assert server.client().ping()
