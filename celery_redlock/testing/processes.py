@@ -131,25 +131,33 @@ class CeleryProcess:
         queues: Sequence[str] = (),
         loglevel: str = "INFO",
         hostname: Optional[str] = None,
+        pidfile: Optional[_StrPath] = None,
         isolated: bool = True,
         extra_args: Sequence[str] = (),
-        **options: Any,
+        cwd: Optional[_StrPath] = None,
+        env: Optional[Mapping[str, str]] = None,
+        pythonpath: Sequence[_StrPath] = (),
     ) -> _Process:
         """Start ``celery -A app worker --pool pool -c concurrency -n name@%h``.
 
-        ``queues``: ``-Q``. ``isolated``: ``--without-gossip --without-mingle
-        --without-heartbeat`` (it starts at once and hears nothing of its siblings).
-        ``options``: ``cwd``, ``env``, ``pythonpath`` as for the class. Returns at
-        once: call :meth:`wait_ready` (readiness needs ``loglevel`` INFO or DEBUG).
+        ``queues``: ``-Q``; ``pidfile``: ``--pidfile``; ``isolated``:
+        ``--without-gossip --without-mingle --without-heartbeat`` (it starts at once
+        and hears nothing of its siblings). ``cwd``, ``env``, ``pythonpath``: as for
+        the class. Returns at once: call :meth:`wait_ready` (readiness needs
+        ``loglevel`` INFO or DEBUG).
         """
         args = [
             "worker", "--pool", pool, "-c", str(concurrency),
             "-n", hostname or f"{name}@%h", "--loglevel", loglevel,
             *(["-Q", ",".join(queues)] if queues else []),
+            *(["--pidfile", str(pidfile)] if pidfile is not None else []),
             *(["--without-gossip", "--without-mingle", "--without-heartbeat"] if isolated else []),
             *extra_args,
         ]  # fmt: skip
-        return cls(app, args, log_path=log_path, name=name, ready=WORKER_READY, **options)
+        return cls(
+            app, args, log_path=log_path, name=name, cwd=cwd, env=env, pythonpath=pythonpath,
+            ready=WORKER_READY,
+        )  # fmt: skip
 
     @classmethod
     def beat(
@@ -163,7 +171,9 @@ class CeleryProcess:
         pidfile: Optional[_StrPath] = None,
         loglevel: str = "INFO",
         extra_args: Sequence[str] = (),
-        **options: Any,
+        cwd: Optional[_StrPath] = None,
+        env: Optional[Mapping[str, str]] = None,
+        pythonpath: Sequence[_StrPath] = (),
     ) -> _Process:
         """Start ``celery -A app beat -S scheduler``; ``schedule`` and ``pidfile``
         give each of several beats its own files. Returns at once (see :meth:`worker`)."""
@@ -173,7 +183,10 @@ class CeleryProcess:
             *(["--pidfile", str(pidfile)] if pidfile is not None else []),
             *extra_args,
         ]  # fmt: skip
-        return cls(app, args, log_path=log_path, name=name, ready=BEAT_READY, **options)
+        return cls(
+            app, args, log_path=log_path, name=name, cwd=cwd, env=env, pythonpath=pythonpath,
+            ready=BEAT_READY,
+        )  # fmt: skip
 
     # --- what it is -----------------------------------------------------------------
 
