@@ -21,8 +21,10 @@ from redis.retry import Retry
 
 from celery_redlock import testing
 from celery_redlock.testing import (
+    CeleryProcess,
     FaultProxy,
     FaultProxyFactory,
+    ProcessNotReady,
     RedisCluster,
     RedisClusterFactory,
     RedisServer,
@@ -483,3 +485,31 @@ def test_fixture_teardown_leaves_no_redis_server_behind(
         assert process_gone(pid), f"redis-server {pid} survived the fixture teardown"
     for directory in recorded["dirs"]:
         assert not Path(directory).exists()
+
+
+# --- real Celery processes -----------------------------------------------------------
+
+
+def test_celery_process_that_exits_before_ready_fails_with_its_log(tmp_path: Path) -> None:
+    worker = CeleryProcess.worker("no_such_app", log_path=tmp_path / "w1.log", cwd=tmp_path)
+    with worker, pytest.raises(ProcessNotReady, match="w1 exited with code") as failure:
+        worker.wait_ready(60)
+    assert "no_such_app" in str(failure.value)  # the log's tail: celery's own complaint
+    assert not worker.alive
+
+
+def test_celery_process_stops_warm_with_its_pool_children(tmp_path: Path) -> None:
+    app = tmp_path / "tinyapp.py"
+    app.write_text("from celery import Celery\napp = Celery('tinyapp', broker='memory://')\n")
+    worker = CeleryProcess.worker(
+        "tinyapp", concurrency=2, log_path=tmp_path / "w1.log", cwd=tmp_path, pythonpath=[tmp_path]
+    )
+    with worker:
+        worker.wait_ready(60)
+        assert worker.is_ready() and worker.lines(r" ready\.")
+        worker.stop()
+        assert worker.returncode == 0, worker.tail()
+    assert process_state(worker.pid) is None
+    # No pool child outlived it: its process group is empty.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker.pid, 0)
