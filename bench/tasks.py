@@ -53,9 +53,7 @@ import json
 import os
 import pstats
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +64,7 @@ from typing import Any, Callable, Optional, Sequence
 import redis
 from celery import Celery
 
-from celery_redlock.testing import REDIS_SERVER_ENV, RedisCluster, RedisServer
+from celery_redlock.testing import REDIS_SERVER_ENV, CeleryProcess, RedisCluster, RedisServer
 
 from . import taskapp
 from .commands import count_keys
@@ -92,6 +90,8 @@ TIMED_VARIANTS = {
     "redlock_no_extend": "RedlockTask, redlock_auto_extend=False",
     "single": VARIANTS["single"],
 }
+#: Seconds a worker gets for its warm shutdown before its group is SIGKILLed.
+WORKER_STOP_TIMEOUT = 20.0
 #: RedlockTask tasks/s over plain tasks/s, per pool.
 TARGET_VS_PLAIN = 0.85
 #: Where a profile's rows are attributed (files of the package under study).
@@ -168,73 +168,28 @@ class Servers:
             BENCH_BROKER_URL=self.broker.url,
             BENCH_LOCK_NODES=",".join(self.nodes.urls),
             BENCH_OBSERVER_URL=self.observer_server.url,
-            PYTHONPATH=os.pathsep.join(
-                [str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-            PYTHONUNBUFFERED="1",
         )
         for name in ("BENCH_PROFILE", "BENCH_INSTRUMENT_TASKS"):
             env.pop(name, None)
         return env
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    # Linux SIGKILLs the worker if the bench itself dies before it can stop it.
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
-class Worker:
+def _start_worker(
+    env: dict[str, str], pool: str, concurrency: int, queue: str, log_path: Path
+) -> CeleryProcess:
     """One ``celery -A bench.taskapp worker`` subprocess in its own process group."""
-
-    def __init__(
-        self, env: dict[str, str], pool: str, concurrency: int, queue: str, log_path: Path
-    ) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "celery", "-A", "bench.taskapp", "worker",
-                    "--pool", pool, "-c", str(concurrency), "-Q", queue,
-                    "-n", f"{queue}@%h", "--loglevel", "WARNING",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat",
-                ],
-                cwd=CHECKOUT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )  # fmt: skip
-
-    def tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-    def exited(self) -> bool:
-        return self.process.poll() is not None
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the whole group if it lingers."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(grace_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
+    return CeleryProcess.worker(
+        "bench.taskapp",
+        name=queue,
+        pool=pool,
+        concurrency=concurrency,
+        queues=[queue],
+        loglevel="WARNING",
+        log_path=log_path,
+        cwd=CHECKOUT,
+        env=env,
+        pythonpath=[CHECKOUT],
+    )
 
 
 def _client(broker_url: str) -> Celery:
@@ -252,11 +207,11 @@ def _publish(client: Celery, task_name: str, queue: str, tag: str, count: int) -
 
 
 def _await_count(
-    observer: redis.Redis, key: str, count: int, worker: Worker, timeout_s: float
+    observer: redis.Redis, key: str, count: int, worker: CeleryProcess, timeout_s: float
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while int(observer.llen(key)) < count:
-        if worker.exited():
+        if not worker.alive:
             raise RuntimeError(f"worker exited before {key} reached {count}:\n{worker.tail()}")
         if time.monotonic() > deadline:
             raise RuntimeError(
@@ -325,7 +280,7 @@ def measure(
         env["BENCH_PROFILE"] = str(profile_path)
     nodes_cpu, broker_cpu = _server_cpu(servers.nodes), _server_cpu([servers.broker])
     spawned = time.monotonic_ns()
-    worker = Worker(env, pool, concurrency, queue, workdir / f"{queue}.log")
+    worker = _start_worker(env, pool, concurrency, queue, workdir / f"{queue}.log")
     try:
         _await_count(
             servers.observer, taskapp.observer_key(tag), plan.tasks, worker, plan.timeout_s
@@ -333,7 +288,7 @@ def measure(
         nodes_cpu = _server_cpu(servers.nodes) - nodes_cpu
         broker_cpu = _server_cpu([servers.broker]) - broker_cpu
     finally:
-        worker.stop()
+        worker.stop(WORKER_STOP_TIMEOUT)
     key = taskapp.observer_key(tag)
     stamps = _parse(servers.observer.lrange(key, 0, -1))
     warm = int(servers.observer.llen(taskapp.observer_key(warm_tag)))

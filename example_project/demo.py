@@ -45,11 +45,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import redis
 
-from celery_redlock.testing import RedisCluster, RedisServer, find_redis_server
+from celery_redlock.testing import (
+    CeleryProcess,
+    RedisCluster,
+    RedisServer,
+    find_redis_server,
+    wait_all_ready,
+)
 
 from . import observer
 from .settings import KEY_PREFIX
@@ -63,8 +69,6 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT = 90.0
 #: Seconds the tasks still running or waiting at the end get to finish.
 DRAIN_TIMEOUT = 40.0
-#: Seconds a process gets to exit after SIGTERM before its group is SIGKILLed.
-STOP_TIMEOUT = 15.0
 #: Width the summary is wrapped to, and its label margin.
 WIDTH = 100
 MARGIN = 13
@@ -136,61 +140,6 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 # -- processes ------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    # Linux SIGKILLs the child (the celery main process) if the demo itself is killed.
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
-@dataclass
-class Process:
-    """One ``celery`` process and its children, in a process group of its own."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def signal_group(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signum)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM (a worker finishes its tasks, a beat logs its summary); the whole
-        group is SIGKILLed after ``timeout`` or if the main process is gone already."""
-        if self.alive:
-            self.signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the whole group (pool children included) and reap the main process."""
-        self.signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(STOP_TIMEOUT)
-
-
 @dataclass
 class Deployment:
     """Everything started, so that every exit path can stop it."""
@@ -198,31 +147,31 @@ class Deployment:
     run_dir: Path
     servers: list[RedisServer] = field(default_factory=list)
     clusters: list[RedisCluster] = field(default_factory=list)
-    processes: list[Process] = field(default_factory=list)
+    processes: list[CeleryProcess] = field(default_factory=list)
     #: pids the drill SIGSTOPped and has not resumed yet.
     paused: set[int] = field(default_factory=set)
     env: dict[str, str] = field(default_factory=dict)
 
-    def spawn(self, name: str, *args: str) -> Process:
-        log_path = self.run_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "example_project", *args],
-                cwd=self.run_dir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops them
-                preexec_fn=_die_with_parent(),
-            )
-        process = Process(name, popen, log_path)
+    def spawn(self, kind: str, name: str, **options: Any) -> CeleryProcess:
+        """Start ``celery -A example_project worker`` (``kind="worker"``) or ``beat``,
+        logging to ``name.log`` in the run directory."""
+        start = CeleryProcess.worker if kind == "worker" else CeleryProcess.beat
+        process = start(
+            "example_project",
+            name=name,
+            log_path=self.run_dir / f"{name}.log",
+            pidfile=self.run_dir / f"{name}.pid",
+            cwd=self.run_dir,
+            env=self.env,
+            pythonpath=[CHECKOUT],
+            **options,
+        )
         self.processes.append(process)
         return process
 
     def groups(self) -> set[int]:
         """Process groups of everything started (each process leads its own)."""
-        groups = {process.popen.pid for process in self.processes}
+        groups = {process.pid for process in self.processes}
         servers = [*self.servers, *(server for cluster in self.clusters for server in cluster)]
         groups.update(server.pid for server in servers if server.pid is not None)
         return groups
@@ -433,8 +382,6 @@ def _start(deployment: Deployment, options: Options, out: Output) -> redis.Redis
         REDLOCK_NODES=",".join(nodes.urls),
         OBSERVER_URL=witness.url,
         DEMO_DB=str(deployment.run_dir / "example.sqlite3"),
-        PYTHONPATH=os.pathsep.join([str(CHECKOUT), *filter(None, [env.get("PYTHONPATH")])]),
-        PYTHONUNBUFFERED="1",
         # Temporary files of the workers (billiard's pymp-*) go with the run directory.
         TMPDIR=str(deployment.run_dir),
     )
@@ -445,30 +392,15 @@ def _start(deployment: Deployment, options: Options, out: Output) -> redis.Redis
 
     started = time.monotonic()
     run_dir = deployment.run_dir
-    workers = []
-    for i in range(1, options.workers + 1):
-        args = [
-            "worker", "--pool", "prefork", "-c", str(options.concurrency), "-n", f"w{i}@%h",
-            "--loglevel", "INFO", "--pidfile", str(run_dir / f"w{i}.pid"),
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
-        workers.append(deployment.spawn(f"w{i}", *args))
-    for i in range(1, options.beats + 1):
-        deployment.spawn(
-            f"b{i}", "beat", "-S", "redlock", "--loglevel", "INFO",
-            "--schedule", str(run_dir / f"b{i}-schedule"),
-            "--pidfile", str(run_dir / f"b{i}.pid"),
-        )  # fmt: skip
-    deadline = time.monotonic() + READY_TIMEOUT
-    for worker in workers:
-        while not re.search(r" ready\.\s*$", worker.log(), re.MULTILINE):
-            for process in deployment.processes:
-                if not process.alive:
-                    raise SetupFailed(f"{process.name} exited:\n{process.tail()}")
-            if time.monotonic() > deadline:
-                waited = f"{READY_TIMEOUT:.0f}s"
-                raise SetupFailed(f"{worker.name} not ready in {waited}:\n{worker.tail()}")
-            time.sleep(0.1)
+    workers = [
+        deployment.spawn("worker", f"w{i}", concurrency=options.concurrency)
+        for i in range(1, options.workers + 1)
+    ]
+    beats = [
+        deployment.spawn("beat", f"b{i}", schedule=run_dir / f"b{i}-schedule")
+        for i in range(1, options.beats + 1)
+    ]
+    wait_all_ready([*workers, *beats], READY_TIMEOUT)
     out.info(
         f"  {options.workers} workers (prefork -c {options.concurrency}) ready and "
         f"{options.beats} beats (-S redlock) started in {time.monotonic() - started:.1f}s"
@@ -505,11 +437,11 @@ def _drive(
             out.info(_progress(elapsed, workload, observer.read(client, beat=False)))
         for process in deployment.processes:
             if not process.alive:
-                raise SetupFailed(f"{process.name} exited during the run:\n{process.tail()}")
+                raise SetupFailed(f"{process.name} exited during the run:\n{process.tail(15)}")
         time.sleep(0.05)
 
 
-def _beat_outcomes(beats: Sequence[Process]) -> dict[str, list[tuple[str, str, int]]]:
+def _beat_outcomes(beats: Sequence[CeleryProcess]) -> dict[str, list[tuple[str, str, int]]]:
     """beat name -> [(what, entry, tick)] from its log lines."""
     outcomes: dict[str, list[tuple[str, str, int]]] = {}
     for beat in beats:
@@ -542,7 +474,7 @@ def _drain(
         time.sleep(0.2)
 
 
-def _sample_lines(processes: Sequence[Process], patterns: Sequence[str]) -> list[str]:
+def _sample_lines(processes: Sequence[CeleryProcess], patterns: Sequence[str]) -> list[str]:
     """The first log line matching each pattern (the part after the log prefix)."""
     samples = []
     for pattern in patterns:
@@ -727,7 +659,7 @@ def run(options: Options, out: Output, deployment: Deployment) -> int:
     expected = set(workload.task_ids)
     snap = _drain(client, expected, won_ticks, drill, out)
     for worker in workers:
-        worker.signal_group(signal.SIGTERM)  # warm shutdown, side by side
+        worker.send_signal(signal.SIGTERM)  # warm shutdowns, side by side
     for worker in workers:
         worker.stop()
     snap = observer.read(client)

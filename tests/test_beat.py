@@ -14,14 +14,10 @@ judged from the observer only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -47,7 +43,7 @@ from celery_redlock.beat import (
     entry_tick,
     lock_ttl,
 )
-from celery_redlock.testing import RedisCluster, RedisServer, RedisServerFactory
+from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, RedisServerFactory
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHECKOUT = TESTS_DIR.parent
@@ -435,37 +431,8 @@ def test_settings_accept_timedeltas_and_class_attributes() -> None:
 START_TIMEOUT = 60.0
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    # Linux SIGKILLs the child if pytest dies before its teardown runs.
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
-@dataclass
-class Process:
+class Process(CeleryProcess):
     """One ``celery`` process, in its own process group, logging to its own file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
 
     def outcomes(self) -> list[tuple[str, int]]:
         return [found for line in self.log().splitlines() if (found := outcome_of(line))]
@@ -475,23 +442,6 @@ class Process:
         found = SUMMARY.findall(self.log())
         assert len(found) <= 1, f"{self.name} logged its summary {len(found)} times"
         return (int(found[0][0]), int(found[0][1]), int(found[0][2])) if found else None
-
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signum)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
-
-    def stop(self) -> None:
-        """SIGTERM (beat syncs, closes and logs its summary), SIGKILL after 15 s."""
-        self.signal(signal.SIGTERM)
-        try:
-            self.popen.wait(15)
-        except subprocess.TimeoutExpired:
-            self.kill()
 
 
 @dataclass
@@ -503,52 +453,43 @@ class Deployment:
     tmp_path: Path
     processes: list[Process] = field(default_factory=list)
 
-    def spawn(self, name: str, *args: str) -> Process:
-        log_path = self.tmp_path / f"{name}.log"
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "beatapp", *args],
-                cwd=TESTS_DIR,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )
-        process = Process(name, popen, log_path)
-        self.processes.append(process)
-        return process
+    def _files(self, name: str) -> dict[str, Any]:
+        return {
+            "log_path": self.tmp_path / f"{name}.log",
+            "cwd": TESTS_DIR,
+            "env": self.env,
+            "pythonpath": [TESTS_DIR, CHECKOUT],
+        }
 
     def start_worker(self) -> Process:
-        worker = self.spawn(
-            "worker", "worker", "--pool", "solo", "-n", "w1@%h", "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        )  # fmt: skip
-        self.wait(worker, lambda: re.search(r" ready\.\s*$", worker.log(), re.MULTILINE))
+        worker = Process.worker(
+            "beatapp",
+            name="worker",
+            hostname="w1@%h",
+            pool="solo",
+            concurrency=1,
+            **self._files("worker"),
+        )
+        self.processes.append(worker)
+        worker.wait_ready(START_TIMEOUT)
         return worker
 
     def start_beat(self, name: str) -> Process:
-        return self.spawn(
-            name, "beat", "-S", "redlock", "--loglevel", "INFO",
-            "--schedule", str(self.tmp_path / f"{name}-schedule"),
-            "--pidfile", str(self.tmp_path / f"{name}.pid"),
-        )  # fmt: skip
-
-    def wait(self, process: Process, ready: Callable[[], Any]) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not ready():
-            if not process.alive:
-                pytest.fail(f"{process.name} exited:\n{process.tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"{process.name} not ready:\n{process.tail()}")
-            time.sleep(0.05)
+        beat = Process.beat(
+            "beatapp",
+            name=name,
+            schedule=self.tmp_path / f"{name}-schedule",
+            pidfile=self.tmp_path / f"{name}.pid",
+            **self._files(name),
+        )
+        self.processes.append(beat)
+        return beat
 
     def start_beats(self, count: int) -> tuple[list[Process], float]:
         """``count`` beats, once each has claimed a tick; and the time when all had."""
         beats = [self.start_beat(f"beat{i + 1}") for i in range(count)]
         for beat in beats:
-            self.wait(beat, beat.outcomes)
+            beat.wait_for(beat.outcomes, START_TIMEOUT, "claimed a tick")
         return beats, time.time()
 
     def executions(self) -> tuple[int, Counter[int]]:
@@ -577,10 +518,6 @@ def deployment(
         REDLOCK_NODES=",".join(redis_nodes.urls),
         OBSERVER_URL=observer.url,
         BEAT_INTERVAL="1",
-        PYTHONPATH=os.pathsep.join(
-            [str(TESTS_DIR), str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-        PYTHONUNBUFFERED="1",
     )
     client = observer.client(decode_responses=True)
     deployed = Deployment(broker, redis_nodes, client, env, tmp_path)

@@ -13,12 +13,9 @@ environment.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +29,14 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_redlock import LockContended
-from celery_redlock.testing import RedisCluster, RedisServer, RedisServerFactory
+from celery_redlock.testing import (
+    CeleryProcess,
+    RedisCluster,
+    RedisServer,
+    RedisServerFactory,
+    wait_all_ready,
+)
+from celery_redlock.testing.children import process_state
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHECKOUT = TESTS_DIR.parent
@@ -49,31 +53,8 @@ RENEWED_BY = 1_000_000_000
 
 # -- workers ------------------------------------------------------------------------------
 
-
-@dataclass
-class Worker:
-    """One ``celery worker`` process (and its pool children, in its process group)."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def lines(self, pattern: str) -> list[str]:
-        """Log lines matching the regular expression ``pattern``."""
-        return [line for line in self.log().splitlines() if re.search(pattern, line)]
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the worker and every pool child."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
+#: One ``celery worker`` process (and its pool children, in its process group).
+Worker = CeleryProcess
 
 
 @dataclass
@@ -110,20 +91,6 @@ def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster) -
         client.close()
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    # The worker is SIGKILLed by Linux if pytest itself dies before its teardown runs.
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-    return preexec
-
-
 @pytest.fixture
 def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
     """``start(count, pool=, concurrency=)``: that many ready workers (w1, w2, ...).
@@ -136,44 +103,25 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
         BROKER_URL=stack.broker.url,
         REDLOCK_NODES=",".join(stack.nodes.urls),
         OBSERVER_URL=stack.observer_server.url,
-        PYTHONPATH=os.pathsep.join(
-            [str(TESTS_DIR), str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        ),
-        PYTHONUNBUFFERED="1",
     )
 
-    def spawn(name: str, pool: str, concurrency: int) -> Worker:
-        log_path = tmp_path / f"{name}.log"
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "celery", "-A", "workerapp", "worker",
-                    "--pool", pool, "-c", str(concurrency), "-n", f"{name}@%h",
-                    "--loglevel", "INFO",
-                    "--without-gossip", "--without-mingle", "--without-heartbeat",
-                ],
+    def start(count: int = 1, pool: str = "prefork", concurrency: int = 2) -> list[Worker]:
+        started = []
+        for _ in range(count):
+            name = f"w{len(workers) + 1}"
+            worker = Worker.worker(
+                "workerapp",
+                name=name,
+                pool=pool,
+                concurrency=concurrency,
+                log_path=tmp_path / f"{name}.log",
                 cwd=TESTS_DIR,
                 env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )  # fmt: skip
-        worker = Worker(name, process, log_path)
-        workers.append(worker)
-        return worker
-
-    def start(count: int = 1, pool: str = "prefork", concurrency: int = 2) -> list[Worker]:
-        started = [spawn(f"w{len(workers) + 1}", pool, concurrency) for _ in range(count)]
-        deadline = time.monotonic() + READY_TIMEOUT
-        for worker in started:
-            while not re.search(r" ready\.\s*$", worker.log(), re.MULTILINE):
-                if worker.process.poll() is not None:
-                    pytest.fail(f"worker {worker.name} exited:\n{worker.tail()}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"worker {worker.name} not ready:\n{worker.tail()}")
-                time.sleep(0.05)
+                pythonpath=[TESTS_DIR, CHECKOUT],
+            )
+            workers.append(worker)
+            started.append(worker)
+        wait_all_ready(started, READY_TIMEOUT)
         return started
 
     try:
@@ -182,7 +130,7 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
         for worker in workers:
             worker.kill()
         for worker in workers:  # shown only when the test failed
-            print(f"--- {worker.name} log tail ---\n{worker.tail()}")
+            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
 
 
 # -- what the observer saw --------------------------------------------------------------
@@ -287,12 +235,7 @@ def kill_child(pid: int) -> int:
     os.kill(pid, signal.SIGKILL)
 
     def dead() -> bool:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                fields = stat.read()
-        except OSError:
-            return True  # reaped
-        return fields[fields.rindex(b")") + 2 :][:1] == b"Z"
+        return process_state(pid) in (None, "Z")  # reaped, or a zombie
 
     eventually(dead, 10, f"child {pid} dead")
     return killed_at

@@ -21,12 +21,8 @@ test_celery_workers.py and not repeated here.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,7 +37,8 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.result import AsyncResult
 
 from celery_redlock import Redlock
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, wait_all_ready
+from celery_redlock.testing.children import process_state
 
 pytestmark = pytest.mark.slow
 
@@ -57,28 +54,8 @@ SLACK = 1.5
 # -- the stack ------------------------------------------------------------------------------
 
 
-@dataclass
-class Worker:
-    """One ``celery worker`` process and its pool children (its process group)."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def lines(self, pattern: str) -> list[str]:
-        return [line for line in self.log().splitlines() if re.search(pattern, line)]
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(10)
+#: One ``celery worker`` process and its pool children (its process group).
+Worker = CeleryProcess
 
 
 @dataclass
@@ -91,36 +68,16 @@ class Stack:
     workers: list[Worker]
 
 
-def _die_with_parent() -> Optional[Callable[[], None]]:
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: no worker outlives pytest
-
-    return preexec
-
-
 def _spawn(name: str, env: dict[str, str], log_path: Path) -> Worker:
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "celery", "-A", "redeliveryapp", "worker",
-                "--pool", "prefork", "-c", "1", "-n", f"{name}@%h", "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "--without-heartbeat",
-            ],
-            cwd=TESTS_DIR,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(),
-        )  # fmt: skip
-    return Worker(name, process, log_path)
+    return Worker.worker(
+        "redeliveryapp",
+        name=name,
+        concurrency=1,
+        log_path=log_path,
+        cwd=TESTS_DIR,
+        env=env,
+        pythonpath=[TESTS_DIR, CHECKOUT],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,23 +93,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             BROKER_URL=broker.url,
             REDLOCK_NODES=",".join(nodes.urls),
             OBSERVER_URL=observer_server.url,
-            PYTHONPATH=os.pathsep.join(
-                [str(TESTS_DIR), str(CHECKOUT), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-            PYTHONUNBUFFERED="1",
         )
         workers = [_spawn(name, env, logs / f"{name}.log") for name in ("w1", "w2")]
         client = Celery("redelivery_client", broker=broker.url, backend=broker.url)
         client.conf.broker_connection_retry_on_startup = True
         try:
-            deadline = time.monotonic() + READY_TIMEOUT
-            for worker in workers:
-                while not re.search(r" ready\.\s*$", worker.log(), re.MULTILINE):
-                    if worker.process.poll() is not None:
-                        pytest.fail(f"worker {worker.name} exited:\n{worker.tail()}")
-                    if time.monotonic() > deadline:
-                        pytest.fail(f"worker {worker.name} not ready:\n{worker.tail()}")
-                    time.sleep(0.05)
+            wait_all_ready(workers, READY_TIMEOUT)
             yield Stack(
                 broker,
                 nodes,
@@ -384,12 +330,7 @@ def test_hard_time_limit_frees_the_lock_within_its_ttl_and_the_waiter_runs(
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read()
-    except OSError:
-        return False
-    return fields[fields.rindex(b")") + 2 :][:1] not in (b"Z", b"X")
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def test_no_one_takes_the_lock_while_a_hard_time_limited_body_still_runs(

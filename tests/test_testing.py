@@ -21,14 +21,19 @@ from redis.retry import Retry
 
 from celery_redlock import testing
 from celery_redlock.testing import (
+    CeleryProcess,
     FaultProxy,
     FaultProxyFactory,
+    ProcessNotReady,
     RedisCluster,
     RedisClusterFactory,
     RedisServer,
     RedisServerFactory,
     find_redis_server,
 )
+from celery_redlock.testing import server as server_module
+from celery_redlock.testing.children import process_state
+from celery_redlock.testing.ports import claim_free_port
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SYSTEM_BINARY = "/usr/bin/redis-server"
@@ -74,7 +79,7 @@ def process_gone(pid: int, within: float = 3.0) -> bool:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        if testing._process_state(pid) == "Z":
+        if process_state(pid) == "Z":
             return True
         if time.monotonic() > deadline:
             return False
@@ -271,8 +276,10 @@ def test_free_port_taken_by_someone_else_is_replaced_by_another(
     with socket.create_server(("127.0.0.1", 0)) as squatter:
         taken = squatter.getsockname()[1]
         ports = iter([taken])
-        claim = testing._claim_free_port
-        monkeypatch.setattr(testing, "_claim_free_port", lambda: next(ports, None) or claim())
+        # RedisServer looks the claim up in its own module.
+        monkeypatch.setattr(
+            server_module, "claim_free_port", lambda: next(ports, None) or claim_free_port()
+        )
         with RedisServer() as server:
             assert server.port != taken
             assert server.client().ping()
@@ -478,3 +485,31 @@ def test_fixture_teardown_leaves_no_redis_server_behind(
         assert process_gone(pid), f"redis-server {pid} survived the fixture teardown"
     for directory in recorded["dirs"]:
         assert not Path(directory).exists()
+
+
+# --- real Celery processes -----------------------------------------------------------
+
+
+def test_celery_process_that_exits_before_ready_fails_with_its_log(tmp_path: Path) -> None:
+    worker = CeleryProcess.worker("no_such_app", log_path=tmp_path / "w1.log", cwd=tmp_path)
+    with worker, pytest.raises(ProcessNotReady, match="w1 exited with code") as failure:
+        worker.wait_ready(60)
+    assert "no_such_app" in str(failure.value)  # the log's tail: celery's own complaint
+    assert not worker.alive
+
+
+def test_celery_process_stops_warm_with_its_pool_children(tmp_path: Path) -> None:
+    app = tmp_path / "tinyapp.py"
+    app.write_text("from celery import Celery\napp = Celery('tinyapp', broker='memory://')\n")
+    worker = CeleryProcess.worker(
+        "tinyapp", concurrency=2, log_path=tmp_path / "w1.log", cwd=tmp_path, pythonpath=[tmp_path]
+    )
+    with worker:
+        worker.wait_ready(60)
+        assert worker.is_ready() and worker.lines(r" ready\.")
+        worker.stop()
+        assert worker.returncode == 0, worker.tail()
+    assert process_state(worker.pid) is None
+    # No pool child outlived it: its process group is empty.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker.pid, 0)

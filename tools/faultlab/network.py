@@ -1,0 +1,390 @@
+"""Rows 5 and 8 of the fault matrix, faults in the network (FaultProxy): replies
+held past validity (also with the client itself paused mid-round), and a watchdog's
+renewals cut off by blackholed nodes. See tests/test_faults.py for the matrix."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from celery_redlock import Lease, QuorumUnavailable, Redlock
+from celery_redlock.testing import FaultProxy
+
+from .holders import ProbeConfig
+from .lab import (
+    ATTEMPT_SLACK,
+    NODE_TIMEOUT,
+    Lab,
+    RowResult,
+    expect_safe,
+    holder_command,
+    holder_env,
+    read_line,
+)
+from .oracle import NS, OracleLog, check, now_ns, read_events
+from .scanner import leftover_keys
+
+# -- row 5: late replies ------------------------------------------------------------
+
+
+def late_replies(lab: Lab, seed: int, trials: int = 12) -> RowResult:
+    """Replies from 3 of 5 nodes are held back by the proxy and let go at a random
+    moment: before validity runs out (granted), after it ran out but before the round's
+    deadline (the quorum is read, and must be refused), or after the deadline.
+
+    ttl 0.25 s, drift_factor 0.1 (margin 27 ms), node_timeout 0.245 s: validity is gone
+    at 0.223 s, the round ends at 0.245 s.
+    """
+    rng = random.Random(seed)
+    ttl, drift, node_timeout = 0.25, 0.1, 0.245
+    margin = ttl * drift + 0.002
+    cluster = lab.make_cluster(5)
+    proxies = [lab.make_proxy(server) for server in cluster]
+    client = Redlock(
+        [p.url for p in proxies], ttl=ttl, node_timeout=node_timeout, drift_factor=drift
+    )
+    warm = client.acquire("late:warm", blocking=False)  # connections set up, ready
+    if warm is not None:
+        warm.release()
+    directory = lab.scratch("late-replies")
+    log = OracleLog(directory / "client.jsonl", "client")
+    bands = {"early": (0.10, 0.20), "late": (0.228, 0.240), "after": (0.255, 0.32)}
+    outcomes: dict[str, Counter[str]] = {band: Counter() for band in bands}
+    violations: list[str] = []
+    keys = []
+    for trial in range(trials):
+        band = list(bands)[trial % len(bands)]
+        delay = rng.uniform(*bands[band])
+        held = rng.sample(proxies, 3)
+        for proxy in held:
+            proxy.hold_replies()
+        key = f"late:{trial}"
+        keys.append(key)
+        let_go: list[int] = []
+        call = now_ns()
+
+        def release_later(
+            held: list[FaultProxy] = held,
+            delay: float = delay,
+            call: int = call,
+            let_go: list[int] = let_go,
+        ) -> None:
+            time.sleep(max(0.0, call / NS + delay - time.monotonic()))
+            let_go.append(now_ns())
+            for proxy in held:
+                proxy.release_replies()
+
+        timer = threading.Thread(target=release_later)
+        timer.start()
+        outcome = "contended"
+        lease = None
+        try:
+            lease = client.acquire(key, blocking=False)
+        except QuorumUnavailable:
+            outcome = "unavailable"
+        end = now_ns()
+        timer.join()
+        if lease is not None:
+            outcome = "granted"
+            log.acquired(key, lease.token, None, call, end, lease.deadline, lease.ttl)
+            if let_go[0] >= round(lease.deadline * NS):
+                violations.append(
+                    f"{key}: granted although no quorum could answer before its validity ended"
+                )
+            if end - call >= ttl * NS:
+                violations.append(f"{key}: granted after {(end - call) / NS:.3f}s >= ttl")
+            log.released(key, lease.token, now_ns())
+            lease.release()
+        log.attempt(key, call, end, outcome)
+        outcomes[band][outcome] += 1
+        for proxy in held:
+            proxy.heal()
+    log.close()
+    client.close()
+    time.sleep(ttl + 0.1)
+    left = leftover_keys(cluster.urls)
+    report = check(read_events(directory))
+    result = RowResult("5-late-replies", seed, report, violations)
+    expect_safe(result)
+    result.metrics.update(
+        trials=trials,
+        validity_gone_at_s=round(ttl - margin, 3),
+        outcomes={band: dict(c) for band, c in outcomes.items()},
+    )
+    result.expect(
+        not outcomes["late"]["granted"] and not outcomes["after"]["granted"],
+        "a lease was granted from replies that came after its validity",
+    )
+    result.expect(outcomes["early"]["granted"] > 0, "no early release was granted (no control)")
+    result.expect(not left, f"keys left after the TTL: {left}")
+    return result
+
+
+def late_replies_paused_client(lab: Lab, seed: int, trials: int = 2) -> RowResult:
+    """The client itself is SIGSTOPped inside its acquire round while 3 replies are
+    held; they arrive while it is stopped and it reads them only after more than a
+    TTL: elapsed >= ttl, and the lock must refuse.
+
+    The stop is sent once the client's SETs have reached a quorum of nodes (seen
+    through direct connections), so its round has begun; a trial where the round
+    still ended before the stop (the parent was too slow) is void and repeated."""
+    rng = random.Random(seed)
+    ttl, node_timeout = 0.5, 0.2
+    cluster = lab.make_cluster(5)
+    proxies = [lab.make_proxy(server) for server in cluster]
+    directory = lab.scratch("late-paused")
+    config = ProbeConfig(
+        label="probe",
+        urls=[p.url for p in proxies],
+        log_path=str(directory / "probe.jsonl"),
+        ttl=ttl,
+        node_timeout=node_timeout,
+    )
+    path = config.dump(directory / "probe.json")
+    proc = subprocess.Popen(
+        holder_command("probe", path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=holder_env(),
+    )
+    problems: list[str] = []
+    results: list[dict[str, Any]] = []
+    void = 0
+    direct = [server.client() for server in cluster]
+    assert proc.stdin is not None
+
+    def say(line: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    try:
+        if read_line(proc, 30) != "ready":
+            raise RuntimeError("probe did not start")
+        say("acquire paused:warm")
+        read_line(proc, 5)
+        read_line(proc, 5)
+        for trial in range(trials * 3):
+            if len(results) == trials:
+                break
+            key = f"paused:{trial}"
+            held = rng.sample(proxies, 3)
+            for proxy in held:
+                proxy.hold_replies()
+            say(f"acquire {key}")
+            if read_line(proc, 5) != "starting":
+                raise RuntimeError("probe did not start its acquire")
+            give_up = time.monotonic() + 2
+            while sum(1 for c in direct if c.exists(key)) < 3 and time.monotonic() < give_up:
+                time.sleep(0.0005)  # its SETs are out: it waits on the held replies now
+            stopped = now_ns()
+            os.kill(proc.pid, signal.SIGSTOP)
+            for proxy in held:
+                proxy.release_replies()  # the replies reach a stopped client
+            time.sleep(ttl + rng.uniform(0.05, 0.2))
+            os.kill(proc.pid, signal.SIGCONT)
+            answer = json.loads(read_line(proc, 10))
+            answer["stopped_after_call_s"] = round((stopped - answer["call_ns"]) / NS, 4)
+            for proxy in held:
+                proxy.heal()
+            if answer["elapsed"] < ttl:
+                void += 1  # the round was over before the stop
+                continue
+            results.append(answer)
+        say("quit")
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+    time.sleep(ttl + 0.1)
+    left = leftover_keys(cluster.urls)
+    report = check(read_events(directory))
+    result = RowResult("5-late-replies-paused-client", seed, report, problems)
+    expect_safe(result)
+    result.metrics.update(trials=len(results), void=void, answers=results)
+    result.expect(bool(results), f"no trial paused the client inside its round ({void} void)")
+    for answer in results:
+        result.expect(answer["outcome"] != "granted", f"granted after validity ran out: {answer}")
+    result.expect(not left, f"keys left after the TTL: {left}")
+    return result
+
+
+# -- row 8: extension failure under the watchdog -----------------------------------------------
+
+
+@dataclass
+class _RenewalSetup:
+    ttl: float
+    holder: Redlock  # through the proxies
+    foreigner: Redlock  # direct, holds another key on the same nodes
+    contender: Redlock  # direct, wants the holder's key
+    proxies: list[FaultProxy]
+    direct: list[Any]  # redis.Redis per node
+    log_w: OracleLog
+    log_c: OracleLog
+
+
+def extension_failure(lab: Lab, seed: int, trials: int = 3) -> RowResult:
+    """A watchdog-renewed lease loses 3 of its 5 nodes (blackholed) mid-hold: the loss
+    is reported at the first failed renewal, before the deadline; ``held`` is never
+    True past the deadline; another client's key on the same nodes keeps its TTL; a
+    contender gets the key only after the lost lease's deadline."""
+    rng = random.Random(seed)
+    ttl = 0.6
+    cluster = lab.make_cluster(5)
+    proxies = [lab.make_proxy(server) for server in cluster]
+    directory = lab.scratch("extension-failure")
+    setup = _RenewalSetup(
+        ttl=ttl,
+        holder=Redlock([p.url for p in proxies], ttl=ttl, node_timeout=NODE_TIMEOUT),
+        foreigner=Redlock(cluster.urls, ttl=10),
+        contender=Redlock(cluster.urls, ttl=ttl, node_timeout=NODE_TIMEOUT),
+        proxies=proxies,
+        direct=[server.client() for server in cluster],
+        log_w=OracleLog(directory / "watched.jsonl", "watched"),
+        log_c=OracleLog(directory / "contender.jsonl", "contender"),
+    )
+    problems: list[str] = []
+    timings: list[dict[str, float]] = []
+    for trial in range(trials):
+        timings.append(_renewal_trial(setup, trial, rng, problems))
+    setup.log_w.close()
+    setup.log_c.close()
+    for client in (setup.holder, setup.foreigner, setup.contender):
+        client.close()
+    report = check(read_events(directory))
+    result = RowResult("8-extension-failure", seed, report, problems)
+    expect_safe(result)
+    contender_wins = sum(1 for w in report.windows if w.label == "contender")
+    result.metrics.update(trials=trials, timings=timings, contender_wins=contender_wins)
+    result.expect(contender_wins == trials, f"the contender won {contender_wins} of {trials}")
+    return result
+
+
+def _renewal_trial(
+    setup: _RenewalSetup, trial: int, rng: random.Random, problems: list[str]
+) -> dict[str, float]:
+    ttl, log_w, log_c = setup.ttl, setup.log_w, setup.log_c
+    key, foreign_key = f"renewed:{trial}", f"foreign:{trial}"
+    foreign = setup.foreigner.acquire(foreign_key, blocking=False)
+    assert foreign is not None
+
+    def foreign_state() -> list[tuple[Any, int, float]]:
+        return [(c.get(foreign_key), c.pttl(foreign_key), time.monotonic()) for c in setup.direct]
+
+    foreign_before = foreign_state()
+    extended: list[tuple[int, float]] = []
+    lost: list[tuple[int, float, Optional[str]]] = []
+    samples: list[tuple[float, bool, float]] = []
+    stop = threading.Event()
+
+    def on_extended(lease: Lease) -> None:
+        extended.append((now_ns(), lease.deadline))
+        log_w.extended(lease.key, lease.token, lease.deadline)
+
+    def on_lost(lease: Lease) -> None:
+        # The deadline it had when the failed renewal marked it lost.
+        lost.append((now_ns(), lease.deadline, lease.lost_reason))
+
+    def watch(lease: Lease) -> None:
+        while not stop.is_set():
+            before = time.monotonic()
+            held = lease.held
+            samples.append((before, held, lease.deadline))
+            time.sleep(0.001)
+
+    def contend() -> None:
+        while not stop.is_set():
+            start = now_ns()
+            try:
+                won = setup.contender.acquire(key, blocking=False)
+            except QuorumUnavailable:
+                won = None
+            log_c.attempt(key, start, now_ns(), "contended" if won is None else "granted")
+            if won is not None:
+                log_c.acquired(key, won.token, None, start, now_ns(), won.deadline, won.ttl)
+                log_c.released(key, won.token, now_ns())
+                won.release()
+                return
+            time.sleep(0.01)
+
+    call = now_ns()
+    with setup.holder.lock(key, blocking=False, auto_extend=True) as lease:
+        first_deadline = lease.deadline
+        log_w.acquired(key, lease.token, None, call, now_ns(), lease.deadline, lease.ttl)
+        lease.on_extended(on_extended)
+        lease.on_lost(on_lost)
+        watcher = threading.Thread(target=watch, args=(lease,))
+        rival = threading.Thread(target=contend)
+        watcher.start()
+        rival.start()
+        time.sleep(rng.uniform(0.3, 0.9))  # at least one renewal at ttl/3
+        cut = sorted(rng.sample(range(5), 3))
+        blackholed = now_ns()
+        for index in cut:
+            setup.proxies[index].blackhole()
+        give_up = time.monotonic() + ttl * 2
+        while not lost and time.monotonic() < give_up:
+            time.sleep(0.005)
+        time.sleep(ttl)  # the contender gets in once the majority's keys expire
+        stop.set()
+        watcher.join()
+        rival.join()
+        if lost:
+            log_w.lost(key, lease.token, lost[0][2])
+        log_w.released(key, lease.token, now_ns())
+    foreign_after = foreign_state()
+    foreign.release()
+    for index in cut:
+        # The partition heals and its connections are reset (what was blackholed is
+        # gone for good; see the note in the module docstring).
+        setup.proxies[index].heal()
+        setup.proxies[index].reset()
+    promised = max([first_deadline] + [d for _, d in extended])
+    past_deadline = [s for s in samples if s[1] and s[0] >= s[2]]
+    late_renewals = [t for t, _ in extended if t > blackholed + NODE_TIMEOUT * NS]
+    timing: dict[str, float] = {"cut_at_s": round((blackholed - call) / NS, 3)}
+    if lost:
+        lost_ns = lost[0][0]
+        timing["noticed_after_cut_s"] = round((lost_ns - blackholed) / NS, 3)
+        timing["noticed_before_deadline_s"] = round(promised - lost_ns / NS, 3)
+        if lost_ns / NS >= promised:
+            problems.append(f"trial {trial}: loss reported after the deadline ({timing})")
+        if lost_ns - blackholed > (ttl / 3 + NODE_TIMEOUT + ATTEMPT_SLACK) * NS:
+            problems.append(f"trial {trial}: loss not noticed at the first renewal ({timing})")
+        if abs(lost[0][1] - promised) > 1e-6:
+            problems.append(f"trial {trial}: lost lease's deadline is not the last one promised")
+    else:
+        problems.append(f"trial {trial}: the loss was never reported")
+    if len(lost) > 1:
+        problems.append(f"trial {trial}: on_lost ran {len(lost)} times")
+    if past_deadline:
+        problems.append(f"trial {trial}: lease.held was True past its deadline")
+    if late_renewals:
+        problems.append(f"trial {trial}: renewed after 3 of 5 nodes were cut off")
+    for node, (before, after) in enumerate(zip(foreign_before, foreign_after)):
+        value_ok = before[0] == after[0] == foreign.value.encode()
+        # Its TTL only ran down: never pushed back by someone else's renewal.
+        expected = before[1] - (after[2] - before[2]) * 1000
+        if not value_ok or not (expected - 60 <= after[1] <= expected + 5):
+            problems.append(
+                f"trial {trial}: foreign key on node {node} changed: {before[:2]} -> {after[:2]}"
+            )
+    timing["samples"] = len(samples)
+    return timing
