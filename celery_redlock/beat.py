@@ -39,14 +39,17 @@ per missed tick ("not sent: lock nodes unavailable"), counts it in
 back is sent as usual. Missed ticks are not caught up (Celery does not either).
 
 Settings (seconds; a scheduler subclass may set them as class attributes instead):
-``redlock_beat_clock_skew`` (default 1.0) and ``redlock_beat_claim_timeout``
-(default 1.0). The lock nodes, key prefix and ``redlock_node_timeout`` are the app's
-``redlock_*`` settings. At start, beat refuses with a ConfigurationError naming the
-entry an interval that is not positive or shorter than ``MIN_TTL`` (1 s), and a
-schedule whose next due time cannot be computed.
+``redlock_beat_clock_skew`` and ``redlock_beat_claim_timeout`` (defaults and
+meaning in options.py and README). The lock nodes, key prefix and
+``redlock_node_timeout`` are the app's ``redlock_*`` settings. At start, beat
+refuses with a ConfigurationError naming the entry an interval that is not
+positive or shorter than ``MIN_TTL`` (1 s), and a schedule whose next due time
+cannot be computed.
 
-This module talks to Redis only through :class:`~celery_redlock.redlock.Redlock`
-(``config.app_config(app).redlock(...)``), and imports no task code.
+How ticks are numbered is in ticks.py; this module claims and sends them. It talks
+to Redis only through :class:`~celery_redlock.redlock.Redlock`
+(``config.app_config(app).redlock(...)``, and contention.py for split votes), and
+imports no task code.
 """
 
 from __future__ import annotations
@@ -55,21 +58,31 @@ import heapq
 import logging
 import math
 import os
-import random
 import socket
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from celery.beat import PersistentScheduler
 from celery.schedules import schedstate
-from celery.schedules import schedule as interval_schedule
-from celery.utils.time import maybe_make_aware
 
-from .config import DEFAULTS, app_config
-from .errors import ConfigurationError, LockContended, QuorumUnavailable
+from .config import app_config
+from .contention import Refused, acquire_confirmed
+from .errors import ConfigurationError, QuorumUnavailable
+from .headers import ENTRY_HEADER, TICK_HEADER
+from .options import DEFAULTS, checked
 from .redlock import Lease, Redlock
+from .ticks import (
+    MIN_TTL,
+    Tick,
+    aware,
+    check_entry,
+    entry_tick,
+    interval_period,
+    interval_tick,
+    lock_ttl,
+)
 
 __all__ = [
     "DEFAULT_CLAIM_TIMEOUT",
@@ -80,22 +93,13 @@ __all__ = [
     "RedlockScheduler",
     "RedlockSchedulerMixin",
     "Tick",
+    "check_entry",
+    "entry_tick",
     "lock_ttl",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Message header carrying the tick a beat sent the task for (an int).
-TICK_HEADER = "redlock_beat_tick"
-#: Message header carrying the name of the beat entry that sent the task.
-ENTRY_HEADER = "redlock_beat_entry"
-
-#: The shortest lock a tick gets, and the shortest interval accepted, in seconds.
-#: A bucket shorter than this is within the jitter of beat itself (it wakes 10 ms
-#: early by design, a lock round may take up to ``redlock_node_timeout``, a loaded
-#: host sleeps late) and of ordinary clock skew between hosts, so beats would not
-#: agree on which bucket they are in.
-MIN_TTL = 1.0
 #: Default of ``redlock_beat_clock_skew``, seconds: how far the beats' wall clocks
 #: may disagree (plus how long a beat may stall between working out a tick and its
 #: lock round). NTP keeps hosts within milliseconds; this is generous on purpose.
@@ -107,39 +111,11 @@ DEFAULT_CLAIM_TIMEOUT: float = DEFAULTS["redlock_beat_claim_timeout"]
 #: the 10 ms that Celery's ``Scheduler.adjust`` takes off every sleep, so a beat wakes
 #: just after the boundary rather than spinning up to it.
 BOUNDARY_DELAY = 0.02
-#: Lock TTL of a tick whose schedule has no next due time (a one-off), seconds.
-ONE_OFF_TTL = 24 * 3600.0
-
-# Windows searched back from now for the latest due time of a crontab or solar
-# entry: the first non-empty one is short, so few schedule steps are evaluated.
-_LOOKBACKS = (
-    timedelta(minutes=1),
-    timedelta(hours=1),
-    timedelta(days=1),
-    timedelta(days=32),
-    timedelta(days=367),
-)
-_MAX_STEPS = 10_000
-# remaining_estimate() reads the clock itself, so a computed due time can be a few
-# microseconds early: step past it by more than that.
-_STEP = timedelta(milliseconds=1)
 
 if TYPE_CHECKING:
     from celery.beat import Scheduler as _SchedulerBase
 else:
     _SchedulerBase = object
-
-
-class Tick(NamedTuple):
-    """One due instance of an entry, as every beat numbers it."""
-
-    #: In the lock key and the ``redlock_beat_tick`` header: epoch seconds of the due
-    #: time (crontab, solar) or the bucket number (intervals).
-    number: int
-    #: When this tick became due, epoch seconds.
-    due: float
-    #: When the next tick becomes due, epoch seconds (``None``: never, a one-off).
-    next_due: Optional[float]
 
 
 class Outcome(Enum):
@@ -148,156 +124,21 @@ class Outcome(Enum):
     MISSED = "missed"
 
 
-def lock_ttl(tick: Tick, now: float, clock_skew: float) -> float:
-    """How long the lock of ``tick`` lives when taken at ``now`` (epoch seconds).
-
-    A beat evaluates a tick at any moment until the next tick is due on *its* clock:
-    late because it was busy or stalled, or because it just started with an old
-    schedule file. Beat clocks disagree by up to ``clock_skew``. The lock must still
-    be there for every such beat, so it lives until the next tick is due plus the
-    skew: ~2 s for a 1 s interval, a day and a second for a daily crontab. It never
-    blocks the next tick, which has another key; and a beat that looks later than
-    that works out the next tick, not this one. At least MIN_TTL.
-    """
-    if tick.next_due is None:
-        return max(MIN_TTL, ONE_OFF_TTL)
-    return max(MIN_TTL, tick.next_due - now + clock_skew)
-
-
-def _aware(moment: datetime) -> datetime:
-    aware: datetime = maybe_make_aware(moment)
-    return aware
-
-
 def _iso(epoch: float) -> str:
     spec = "seconds" if float(epoch).is_integer() else "milliseconds"
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec=spec)
 
 
-def _period(entry: Any) -> Optional[float]:
-    """An interval entry's period in seconds (checked), or None for other schedules."""
-    schedule = entry.schedule
-    if not isinstance(schedule, interval_schedule):
-        return None
-    run_every = schedule.run_every
-    seconds = run_every.total_seconds() if isinstance(run_every, timedelta) else float(run_every)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigurationError(
-            f"beat entry {entry.name!r}: the interval must be a positive number of "
-            f"seconds, got {run_every!r}"
-        )
-    if seconds < MIN_TTL:
-        raise ConfigurationError(
-            f"beat entry {entry.name!r}: an interval of {seconds:g}s is shorter than "
-            f"{MIN_TTL:g}s, the shortest the redlock scheduler accepts (beats could not "
-            "agree on shorter time buckets); use an interval of at least "
-            f"{MIN_TTL:g}s or a crontab"
-        )
-    return seconds
-
-
-def _next_after(schedule: Any, after: datetime) -> datetime:
-    """The schedule's first due time after ``after`` (to within microseconds:
-    ``remaining_estimate`` reads the clock itself)."""
-    base = _aware(schedule.now())
-    upcoming: datetime = base + schedule.remaining_estimate(after)
-    return upcoming
-
-
-def _scan(
-    schedule: Any, start: datetime, now: datetime
-) -> tuple[Optional[datetime], Optional[datetime]]:
-    """(the latest due time in (start, now], the first one after now) -- either None
-    when there is none; the second also when the schedule stops advancing."""
-    latest: Optional[datetime] = None
-    after = start
-    for _ in range(_MAX_STEPS):
-        upcoming = _next_after(schedule, after)
-        if upcoming <= after:
-            return latest, None  # does not advance: a one-off
-        if upcoming > now:
-            return latest, upcoming
-        latest = upcoming
-        after = upcoming + _STEP
-    return latest, None
-
-
-def _interval_tick(bucket: int, period: float) -> Tick:
-    return Tick(bucket, bucket * period, (bucket + 1) * period)
-
-
-def entry_tick(entry: Any, now: Optional[datetime] = None) -> Tick:
-    """The tick of a due ``entry`` at ``now`` (default: the entry's clock).
-
-    Intervals: the bucket ``floor(epoch / period)`` holding now. Other schedules: the
-    latest due time at or before now, found by stepping the schedule forward from a
-    short look-back window (widened while it holds none): it depends on the schedule
-    and now only, never on ``entry.last_run_at``, which differs between beats.
-    """
-    moment = _aware(now if now is not None else entry.default_now())
-    period = _period(entry)
-    if period is not None:
-        return _interval_tick(math.floor(moment.timestamp() / period), period)
-    schedule = entry.schedule
-    latest: Optional[datetime] = None
-    upcoming: Optional[datetime] = None
-    for lookback in _LOOKBACKS:
-        latest, upcoming = _scan(schedule, moment - lookback, moment)
-        if latest is not None:
-            break
-    else:
-        # A sparse schedule, long overdue: step from the entry's own last run.
-        latest, upcoming = _scan(schedule, _aware(entry.last_run_at), moment)
-    if latest is None:
-        raise ConfigurationError(
-            f"beat entry {entry.name!r}: its schedule {schedule!r} is due but reports no "
-            "due time at or before now, so beats cannot agree on a tick"
-        )
-    due = float(round(latest.timestamp()))
-    return Tick(int(due), due, None if upcoming is None else upcoming.timestamp())
-
-
-def check_entry(entry: Any) -> None:
-    """Raise ConfigurationError, naming ``entry``, when the redlock scheduler cannot
-    number its ticks."""
-    if _period(entry) is not None:
-        return
-    schedule = entry.schedule
-    try:
-        schedule.remaining_estimate(_aware(entry.default_now()))
-    except (NotImplementedError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"beat entry {entry.name!r}: schedule {schedule!r} "
-            f"({type(schedule).__name__}) is not supported: its next due time cannot "
-            "be computed. Accepted: an interval (a number of seconds >= "
-            f"{MIN_TTL:g}, a timedelta or celery.schedules.schedule), "
-            "celery.schedules.crontab, celery.schedules.solar, or a schedule whose "
-            "remaining_estimate(last_run_at) gives its next due time"
-        ) from exc
-
-
-def _duration_setting(app: Any, owner: object, name: str, default: float, positive: bool) -> float:
+def _duration_setting(app: Any, owner: object, name: str) -> float:
     """A beat duration from the class attribute, else the app setting, else default."""
     value = getattr(owner, name, None)
     source = f"{type(owner).__name__}.{name}"
     if value is None:
         value, source = app.conf.get(name), name
     if value is None:
-        return default
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not math.isfinite(seconds)
-        or seconds < 0
-        or (positive and seconds == 0)
-    ):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigurationError(
-            f"{source} must be a number of seconds {bound} (int, float or timedelta), "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    return float(seconds)
+        value = DEFAULTS[name]
+    seconds: float = checked(name, value, shown_as=source)
+    return seconds
 
 
 class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
@@ -313,23 +154,15 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
     Counters: ``sent_ticks``, ``lost_ticks`` (sent by another beat), ``missed_ticks``.
     """
 
-    #: Seconds the beats' clocks may disagree; the lock of a tick outlives the next
-    #: tick's due time by this much. None: the ``redlock_beat_clock_skew`` setting,
-    #: default 1.0.
+    #: Seconds; overrides the ``redlock_beat_clock_skew`` setting (see options.py).
     redlock_beat_clock_skew: Optional[float] = None
-    #: Seconds a beat keeps retrying a tick whose lock round was split between beats
-    #: (nobody won a quorum) before it gives the tick up as missed. None: the
-    #: ``redlock_beat_claim_timeout`` setting, default 1.0.
+    #: Seconds; overrides the ``redlock_beat_claim_timeout`` setting (see options.py).
     redlock_beat_claim_timeout: Optional[float] = None
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         # Before the base __init__: it calls setup_schedule(), which checks entries.
-        self.clock_skew = _duration_setting(
-            app, self, "redlock_beat_clock_skew", DEFAULT_CLOCK_SKEW, positive=False
-        )
-        self.claim_timeout = _duration_setting(
-            app, self, "redlock_beat_claim_timeout", DEFAULT_CLAIM_TIMEOUT, positive=True
-        )
+        self.clock_skew = _duration_setting(app, self, "redlock_beat_clock_skew")
+        self.claim_timeout = _duration_setting(app, self, "redlock_beat_claim_timeout")
         config = app_config(app)  # bad redlock_* settings fail at beat start
         self.node_timeout = config.task_defaults.node_timeout
         if self.node_timeout >= MIN_TTL / 2:
@@ -370,10 +203,10 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         ``enabled``, still apply), and every next check is set ``BOUNDARY_DELAY``
         after the following boundary.
         """
-        period = _period(entry)
+        period = interval_period(entry)
         if period is None:
             return super().is_due(entry)
-        now = _aware(entry.default_now()).timestamp()
+        now = aware(entry.default_now()).timestamp()
         bucket = math.floor(now / period)
         last = self._last_bucket(entry, period)
         saved = entry.last_run_at
@@ -383,7 +216,7 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         finally:
             entry.last_run_at = saved
         if state[0] and bucket > last:
-            self._due_ticks[entry.name] = _interval_tick(bucket, period)
+            self._due_ticks[entry.name] = interval_tick(bucket, period)
             return schedstate(True, (bucket + 1) * period - now + BOUNDARY_DELAY)
         if bucket <= last:  # the next bucket has not begun: look just after it does
             return schedstate(False, (last + 1) * period - now + BOUNDARY_DELAY)
@@ -397,7 +230,7 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         for index, event in enumerate(heap):
             entry = event[2]
             try:
-                if _period(entry) is None:
+                if interval_period(entry) is None:
                     continue
                 due, next_check = self.is_due(entry)
             except Exception:  # the base class reports it when the entry comes up
@@ -428,7 +261,7 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         if claimed is not None and claimed[0] == period:
             return claimed[1]
         last_run_at = entry.last_run_at or entry.default_now()
-        return math.floor(_aware(last_run_at).timestamp() / period)
+        return math.floor(aware(last_run_at).timestamp() / period)
 
     # -- sending -------------------------------------------------------------------------
 
@@ -480,11 +313,11 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         self._send(entry, tick, producer)
 
     def _tick_to_claim(self, entry: Any) -> Tick:
-        now = _aware(entry.default_now())
+        now = aware(entry.default_now())
         tick = self._due_ticks.pop(entry.name, None)
         if tick is None or (tick.next_due is not None and now.timestamp() >= tick.next_due):
             tick = entry_tick(entry, now)  # is_due was not asked, or long ago
-        period = _period(entry)
+        period = interval_period(entry)
         if period is not None and tick.next_due is not None:
             self._claimed_buckets[entry.name] = (period, tick.number)
             self._realign = (entry.name, tick.next_due + self.adjust(BOUNDARY_DELAY))
@@ -493,36 +326,37 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
     def _claim(self, entry: Any, tick: Tick, key: str) -> tuple[Outcome, str]:
         """Win the lock of ``tick``: (SENT, ""), (LOST, holder) or (MISSED, "reason:
         details")."""
-        redlock = self.redlock
         holder = f"beat@{socket.gethostname()}:{os.getpid()}"
         started = time.monotonic()
         give_up = started + self.claim_timeout
         if tick.next_due is not None:
             # Past the next tick's due time this tick is stale: let that one go out.
             give_up = min(give_up, started + tick.next_due - self._now(entry))
-        while True:
-            now = self._now(entry)
-            ttl = lock_ttl(tick, now, self.clock_skew)
-            try:
-                lease = redlock.try_acquire(key, ttl=ttl, blocking=False, holder=holder)
-            except QuorumUnavailable as exc:
-                return Outcome.MISSED, f"lock nodes unavailable: {exc}"
-            except LockContended as exc:
-                # Someone holds it -- or the beats split the nodes between them and
-                # each released its share. Only a quorum holder has sent it.
-                winner = redlock.holder(key).holder
-                if winner is not None:
-                    return Outcome.LOST, winner
-                if time.monotonic() >= give_up:
-                    return Outcome.MISSED, (
-                        "no beat won the lock: split between beats for "
-                        f"{time.monotonic() - started:.2f}s, last refused by "
-                        f"{exc.holder or 'unknown'}"
-                    )
-                logger.debug("beat tick lock split between beats, retrying: key %s", key)
-                time.sleep(random.uniform(0.005, 0.03))
-                continue
-            return self._check_won(entry, tick, lease)
+        try:
+            result = acquire_confirmed(
+                self.redlock,
+                key,
+                lambda: lock_ttl(tick, self._now(entry), self.clock_skew),
+                holder,
+                give_up,
+                pause=(0.005, 0.03),
+                on_split=lambda: logger.debug(
+                    "beat tick lock split between beats, retrying: key %s", key
+                ),
+            )
+        except QuorumUnavailable as exc:
+            return Outcome.MISSED, f"lock nodes unavailable: {exc}"
+        if not isinstance(result, Refused):
+            return self._check_won(entry, tick, result)
+        # Only a quorum holder has sent it; else the beats split the nodes between
+        # them and each released its share.
+        if result.holder is not None:
+            return Outcome.LOST, result.holder
+        return Outcome.MISSED, (
+            "no beat won the lock: split between beats for "
+            f"{time.monotonic() - started:.2f}s, last refused by "
+            f"{result.last.holder or 'unknown'}"
+        )
 
     def _check_won(self, entry: Any, tick: Tick, lease: Lease) -> tuple[Outcome, str]:
         # A beat stalled between working out the tick and winning it may have won a
@@ -549,7 +383,7 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
 
     @staticmethod
     def _now(entry: Any) -> float:
-        return _aware(entry.default_now()).timestamp()
+        return aware(entry.default_now()).timestamp()
 
     # -- the rest --------------------------------------------------------------------------
 

@@ -66,13 +66,14 @@ from typing import Any, Callable, NoReturn, Optional
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from celery.signals import task_postrun, task_revoked
-from celery.utils import uuid
 
-from . import signals
-from .beat import ENTRY_HEADER, TICK_HEADER
-from .config import TASK_OPTIONS, TaskOptions, app_config
-from .errors import AlreadyQueued, ConfigurationError, LockContended, QuorumUnavailable
+from . import queue_once, signals
+from .config import app_config
+from .contention import acquire_or_contended
+from .errors import LockContended, QuorumUnavailable
+from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
+from .options import OPTIONS, TASK_OPTIONS, TaskAttribute, TaskOptions, check_task_names
 from .redlock import Lease, Redlock
 from .watchdog import get_watchdog
 
@@ -82,11 +83,6 @@ logger = logging.getLogger(__name__)
 
 #: Result state of a duplicate dropped by ``redlock_on_contended="skip"``.
 SKIPPED = "SKIPPED"
-#: Message header counting lock retries (kept apart from the task's own ``retries``).
-RETRIES_HEADER = "redlock_retries"
-#: Message header carrying the queued lock's value (queue once), for the hand-over.
-QUEUED_HEADER = "redlock_queued"
-QUEUED_SUFFIX = ":queued"
 #: A contended retry waits at least this fraction of the holder's remaining TTL.
 HOLDER_TTL_FRACTION = 0.1
 #: ...and never less than this (seconds): a zero countdown would spin on the broker.
@@ -119,47 +115,18 @@ def _static_option(task: Any, name: str) -> Any:
     value = inspect.getattr_static(task, name, None)
     if isinstance(value, (staticmethod, classmethod)):
         return value.__func__
+    if isinstance(value, TaskAttribute):
+        return None  # not set by the task: the app setting applies
     return value
 
 
 class RedlockTask(Task):  # type: ignore[misc]
     """A Celery task that holds a Redlock, keyed on its arguments, while it runs.
 
-    Every option below defaults to the app-wide ``redlock_*`` setting of the same
-    name (see README); set it per task with ``@app.task(base=RedlockTask, ...)``.
+    Every ``redlock_*`` option (options.TASK_OPTIONS, each documented on its class
+    attribute and in README) defaults to the app-wide setting of the same name; set it
+    per task with ``@app.task(base=RedlockTask, ...)``.
     """
-
-    #: Lock key: ``None`` (task name + every argument, hashed), a template such as
-    #: ``"import:{customer_id}"`` (shared by every task using it), a list of argument
-    #: names, or a callable taking the task's arguments and returning a str.
-    redlock_key: Any = None
-    #: Lease length in seconds; the watchdog renews at a third of it.
-    redlock_ttl: Optional[float] = None
-    #: When another holder has the lock: ``"retry"``, ``"skip"`` or ``"fail"``.
-    redlock_on_contended: Optional[str] = None
-    #: First lock retry's backoff ceiling in seconds (doubles per attempt).
-    redlock_retry_backoff: Optional[float] = None
-    #: Cap on one lock retry's countdown, seconds.
-    redlock_retry_backoff_max: Optional[float] = None
-    #: Lock retries allowed (independent of the task's own ``max_retries``).
-    redlock_max_retries: Optional[int] = None
-    #: After the last lock retry: ``"fail"`` (LockContended) or ``"skip"``.
-    redlock_on_retries_exhausted: Optional[str] = None
-    #: Renew the lease while the task runs (watchdog thread).
-    redlock_auto_extend: Optional[bool] = None
-    #: Longest total hold in seconds; also bounded by the task's hard time limit.
-    redlock_max_hold: Optional[float] = None
-    #: Give the lease a fence number (``self.redlock.fence``), strictly increasing.
-    redlock_fencing: Optional[bool] = None
-    #: Deadline of one round to all lock nodes, seconds.
-    redlock_node_timeout: Optional[float] = None
-    #: Queue once: at most one queued copy per lock key (``delay``/``apply_async``/beat).
-    redlock_dedupe_queued: Optional[bool] = None
-    #: Seconds a queued copy keeps its place; a lost message frees it after this.
-    redlock_queued_ttl: Optional[float] = None
-    #: A duplicate enqueue: ``"return"`` the queued copy's AsyncResult, or ``"raise"``
-    #: AlreadyQueued.
-    redlock_on_queued: Optional[str] = None
 
     # -- what the task body sees ------------------------------------------------------
 
@@ -190,19 +157,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         cached: Optional[TaskOptions] = self.__dict__.get("_redlock_options")
         if cached is not None:
             return cached
-        unknown = sorted(
-            name
-            for klass in type(self).__mro__
-            for name in vars(klass)
-            if name.startswith("redlock_")
-            and name not in TASK_OPTIONS
-            and name != "redlock_options"
-        )
-        if unknown:
-            raise ConfigurationError(
-                f"task {self.name}: unknown option {unknown[0]!r}; accepted: "
-                + ", ".join(TASK_OPTIONS)
-            )
+        declared_names = {name for klass in type(self).__mro__ for name in vars(klass)}
+        check_task_names(self.name, declared_names - {"redlock_options"})
         declared = {name: _static_option(self, name) for name in TASK_OPTIONS}
         options = app_config(self.app).options_for(declared)
         validate_spec(self.name, self.run, options.key)
@@ -224,36 +180,7 @@ class RedlockTask(Task):  # type: ignore[misc]
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: Optional[str] = None, **options: Any
     ) -> Any:
-        headers = options.get("headers") or {}
-        if QUEUED_HEADER in headers or self.app.conf.task_always_eager:
-            # A retry of a queued copy keeps its place; eager runs are never queued.
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        opts = self.redlock_options()
-        if not opts.dedupe_queued:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        key = self.lock_key(args, kwargs) + QUEUED_SUFFIX
-        task_id = task_id or uuid()
-        redlock = app_config(self.app).redlock(opts.node_timeout, False)
-        try:
-            lease = _acquire_confirmed(
-                redlock, key, opts.queued_ttl, task_id, QUEUE_PLACE_PATIENCE, True
-            )
-        except LockContended as exc:
-            if not exc.holder:
-                raise  # no clear answer within the patience: not sent, and the caller knows
-            logger.info(
-                "already queued: task %s key %s is queued as %s; not sent again",
-                self.name, key, exc.holder,
-            )  # fmt: skip
-            if opts.on_queued == "raise":
-                raise AlreadyQueued(key, exc.holder, exc.ttl) from None
-            return self.AsyncResult(exc.holder)
-        options["headers"] = {**headers, QUEUED_HEADER: lease.value}
-        try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
-        except BaseException:
-            lease.release()  # nothing was queued: free the place
-            raise
+        return queue_once.enqueue(self, super().apply_async, args, kwargs, task_id, options)
 
     def retry(
         self,
@@ -294,9 +221,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             if options.on_contended == "retry":
                 lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
             else:  # skipping or failing drops this copy: be sure someone holds the lock
-                lease = _acquire_confirmed(
-                    redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE, False
-                )
+                lease = acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
         except LockContended as exc:
             self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
         except QuorumUnavailable as exc:
@@ -309,7 +234,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             # bound is the limit plus one TTL, never the limit itself.
             lease.max_hold = min(options.max_hold, float(hard_limit) + options.ttl)
         request.redlock_lease = lease
-        self._hand_back_queued(key, options)  # running now: the next copy may queue
+        queue_once.hand_back(self, key, options)  # running now: the next copy may queue
         if options.auto_extend:
             lease.on_extended(self._redlock_extended_callback(task_id))
             lease.on_lost(self._redlock_lost_callback(task_id))
@@ -326,12 +251,12 @@ class RedlockTask(Task):  # type: ignore[misc]
         (never released; it expires after ``redlock_ttl``). A later attempt of that
         same copy (a lock retry) is recognised by its task id and goes on."""
         request = self.request
-        tick, entry = _header(request, TICK_HEADER), _header(request, ENTRY_HEADER)
+        tick, entry = header(request, TICK_HEADER), header(request, ENTRY_HEADER)
         if tick is None or not entry:
             return
         key = f"{prefix}:beat-ran:{entry}:{tick}"
         try:
-            _acquire_confirmed(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE, False)
+            acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
         except QuorumUnavailable:
             return  # the run-time lock below meets the same outage and handles it
         except LockContended as exc:
@@ -397,26 +322,15 @@ class RedlockTask(Task):  # type: ignore[misc]
         if action == "retry":
             assert countdown is not None
             raise self._redlock_retry(countdown, attempt, exc)  # keeps any queue place
-        self._hand_back_queued(key, options)  # this copy will not run
+        queue_once.hand_back(self, key, options)  # this copy will not run
         if action == "skip":
             self._mark_skipped(key, holder, exhausted)
             raise Ignore(f"skipped: lock {key} held by {holder or 'unknown'}")
         raise exc
 
-    def _hand_back_queued(self, key: str, options: TaskOptions) -> None:
-        """Free this copy's queue place (queue once), if it holds one."""
-        queued = _header(self.request, QUEUED_HEADER)
-        if not queued:
-            return
-        redlock = app_config(self.app).redlock(options.node_timeout, False)
-        try:
-            redlock.release_value(key + QUEUED_SUFFIX, str(queued))
-        except Exception:  # it frees itself at redlock_queued_ttl
-            logger.warning("could not free the queue place of %s", self.request.id, exc_info=True)
-
     def _redlock_retries(self) -> int:
         try:
-            return max(0, int(_header(self.request, RETRIES_HEADER) or 0))
+            return max(0, int(header(self.request, RETRIES_HEADER) or 0))
         except (TypeError, ValueError):
             return 0
 
@@ -492,46 +406,14 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
 
 
-#: How long an enqueue keeps trying for a clear answer about the queue place (seconds).
-QUEUE_PLACE_PATIENCE = 2.0
 #: How long a starting task keeps trying when nobody won the vote (seconds).
 SPLIT_VOTE_PATIENCE = 0.5
 
-
-def _acquire_confirmed(
-    redlock: Redlock, key: str, ttl: float, holder: str, patience: float, retry_unavailable: bool
-) -> Lease:
-    """Our lease, or ``LockContended`` naming a holder that a quorum agrees on.
-
-    A refusal alone does not prove someone holds the lock: when callers race, the
-    vote can split so that nobody wins, and each loser's refusals name another
-    loser. Skipping (or pointing a caller at a queued copy) on such a refusal would
-    drop work, so a holder is trusted only when a quorum of nodes agrees on it;
-    otherwise we try again after a short random pause, for at most ``patience``
-    seconds. ``retry_unavailable``: retry QuorumUnavailable too (a loaded client
-    can stretch a round past ``node_timeout``).
-    """
-    give_up = time.monotonic() + patience
-    while True:
-        try:
-            return redlock.try_acquire(key, ttl=ttl, blocking=False, holder=holder)
-        except LockContended as exc:
-            info = redlock.holder(key)
-            if info.holder or time.monotonic() > give_up:
-                raise LockContended(key, info.holder or exc.holder, info.ttl or exc.ttl) from None
-        except QuorumUnavailable:
-            if not retry_unavailable or time.monotonic() > give_up:
-                raise
-        time.sleep(random.uniform(0.001, 0.02))
-
-
-def _header(request: Any, name: str) -> Any:
-    """A custom message header: Celery puts it on the request itself (worker) or in
-    ``request.headers`` (eager ``apply(headers=...)``)."""
-    value = getattr(request, name, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(name)
-    return value
+# The task options as documented class attributes, from the option table.
+for _option in OPTIONS:
+    if _option.scope == "task":
+        setattr(RedlockTask, _option.name, TaskAttribute(_option))
+del _option
 
 
 def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
@@ -545,19 +427,9 @@ task_postrun.connect(_release_on_every_exit, weak=False)
 
 
 def _hand_back_queued_on_revoke(request: Any = None, **_: Any) -> None:
-    # A revoked copy never starts: free its queue place now rather than at its TTL.
     task = getattr(request, "task", None)
-    if not isinstance(task, RedlockTask):
-        return
-    value = (getattr(request, "request_dict", None) or {}).get(QUEUED_HEADER)
-    if not value:
-        return
-    try:
-        options = task.redlock_options()
-        key = task.lock_key(request.args, request.kwargs) + QUEUED_SUFFIX
-        app_config(task.app).redlock(options.node_timeout, False).release_value(key, str(value))
-    except Exception:
-        logger.warning("could not free the queue place of revoked %s", request.id, exc_info=True)
+    if isinstance(task, RedlockTask):
+        queue_once.hand_back_revoked(task, request)
 
 
 task_revoked.connect(_hand_back_queued_on_revoke, weak=False)

@@ -1,0 +1,93 @@
+"""Telling "someone holds the lock" from "the vote split", by asking again.
+
+A refusal alone does not prove someone holds the lock: when callers race, the vote
+can split so that nobody wins a quorum, and each loser's refusals name another
+loser. A caller that gives up on such a refusal -- a task that skips, an enqueue
+that points at a "queued" copy, a beat that leaves a tick to "another beat" -- drops
+work nobody does. :func:`acquire_confirmed` trusts a holder only when a quorum of
+nodes agrees on it, and otherwise tries again after a short random pause, until a
+deadline.
+
+Used by task.py, queue_once.py and beat.py. Imports redlock.py and errors.py only:
+no Celery.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from .errors import LockContended, QuorumUnavailable
+from .redlock import Lease, Redlock
+
+__all__ = ["Refused", "acquire_confirmed", "acquire_or_contended"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The lock was not won by the deadline."""
+
+    #: The holder a quorum of nodes agrees on, or None: the vote split until the end.
+    holder: Optional[str]
+    #: That holder's remaining TTL in seconds, when known.
+    ttl: Optional[float]
+    #: The last refusal (its holder is one node's word only).
+    last: LockContended
+
+
+def acquire_confirmed(
+    redlock: Redlock,
+    key: str,
+    ttl: Union[float, Callable[[], float]],
+    holder: str,
+    give_up: float,
+    *,
+    retry_unavailable: bool = False,
+    pause: tuple[float, float] = (0.001, 0.02),
+    on_split: Optional[Callable[[], None]] = None,
+) -> Union[Lease, Refused]:
+    """Our lease, or :class:`Refused` once a quorum names a holder or ``give_up``
+    (``time.monotonic()``) has passed.
+
+    ``ttl``: seconds, or a function giving them for each attempt. ``pause``: the
+    range of the random pause between attempts, seconds. ``retry_unavailable``:
+    retry QuorumUnavailable too until ``give_up`` (a loaded client can stretch a
+    round past ``node_timeout``); else it is raised at once. ``on_split``: called
+    before each retry of a split vote (the caller's log line).
+    """
+    while True:
+        lease_ttl = ttl() if callable(ttl) else ttl
+        try:
+            return redlock.try_acquire(key, ttl=lease_ttl, blocking=False, holder=holder)
+        except LockContended as exc:
+            info = redlock.holder(key)
+            if info.holder or time.monotonic() > give_up:
+                return Refused(info.holder, info.ttl, exc)
+            if on_split is not None:
+                on_split()
+        except QuorumUnavailable:
+            if not retry_unavailable or time.monotonic() > give_up:
+                raise
+        time.sleep(random.uniform(*pause))
+
+
+def acquire_or_contended(
+    redlock: Redlock,
+    key: str,
+    ttl: float,
+    holder: str,
+    patience: float,
+    *,
+    retry_unavailable: bool = False,
+) -> Lease:
+    """Our lease, or ``LockContended`` naming the holder a quorum agrees on (else the
+    last refusal's), after trying for at most ``patience`` seconds."""
+    give_up = time.monotonic() + patience
+    result = acquire_confirmed(
+        redlock, key, ttl, holder, give_up, retry_unavailable=retry_unavailable
+    )
+    if isinstance(result, Refused):
+        raise LockContended(key, result.holder or result.last.holder, result.ttl or result.last.ttl)
+    return result
