@@ -26,7 +26,17 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_redlock import Redlock
-from celery_redlock.cli import Holder, full_key, redlock
+from celery_redlock.cli import Holder, full_key, inspect_node, judge_node, redlock
+from celery_redlock.cli.checks import (
+    check_maxmemory_policy,
+    check_persistence,
+    check_quorum,
+    check_reachable,
+    check_role,
+)
+from celery_redlock.cli.common import configured_nodes
+from celery_redlock.cli.doctor import inspect_nodes
+from celery_redlock.config import app_config
 from celery_redlock.testing import (
     RedisCluster,
     RedisClusterFactory,
@@ -526,3 +536,53 @@ def test_holder_strings_split_into_task_worker_and_pid() -> None:
 def test_keys_are_taken_full_or_relative_to_the_prefix() -> None:
     assert full_key("redlock:import:42", "redlock") == "redlock:import:42"
     assert full_key("import:42", "redlock") == "redlock:import:42"
+
+
+# -- doctor as a library -----------------------------------------------------------------
+
+
+def test_doctor_checks_judge_the_facts_read_from_a_real_node(
+    redis_server_factory: RedisServerFactory,
+) -> None:
+    server = redis_server_factory(
+        extra_args=["--maxmemory-policy", "volatile-lru", "--appendonly", "yes"]
+    )
+    config = app_config(make_app([server.url]))
+    (node,) = configured_nodes(config.redlock(2.0, False))
+    facts = inspect_node(node, config.key_prefix, 2.0)
+    assert facts.reachable and facts.role == "master" and facts.appendfsync == "everysec"
+    assert check_role(facts, config).status == "OK"
+    assert check_maxmemory_policy(facts, config).status == "ERROR"
+    persistence = check_persistence(facts, config)
+    assert persistence.status == "WARNING"
+    assert "appendfsync everysec" in persistence.message
+    assert persistence.advice is not None and "delayed restarts" in persistence.advice
+    assert [c.name for c in judge_node(facts, config)] == [
+        "permissions",
+        "latency",
+        "version",
+        "role",
+        "maxmemory-policy",
+        "persistence",
+        "clock",
+        "lock-keys",
+    ]
+
+
+def test_cluster_checks_count_only_the_nodes_that_answered(
+    redis_cluster_factory: RedisClusterFactory,
+) -> None:
+    cluster = redis_cluster_factory(3)
+    cluster[0].stop()
+    cluster[1].stop()
+    config = app_config(make_app(cluster.urls))
+    facts = inspect_nodes(configured_nodes(config.redlock(1.0, False)), "redlock", 1.0)
+    assert [f.reachable for f in facts] == [False, False, True]
+    assert check_reachable(facts[0], config).message.startswith("unreachable: ")
+    assert check_reachable(facts[2], config).status == "OK"
+    verdict = check_quorum(facts)
+    assert verdict.status == "ERROR"
+    assert verdict.message == (
+        "1 of 3 nodes usable (reachable, master, distinct), quorum 2; 1 reachable: "
+        "no lock can be taken"
+    )

@@ -1,0 +1,287 @@
+"""The checks of ``doctor``: each one judges facts already read (facts.py) and
+returns a :class:`Check` (OK, WARNING or ERROR, and why).
+
+Node checks share one signature, ``(NodeFacts, AppConfig) -> Check``, so doctor.py
+runs them as a list; the cluster checks take every node's facts. Pure functions: no
+I/O, no click, no redis; imports facts.py, config (types) and redlock.quorum.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..config import AppConfig
+from ..redlock import quorum
+from .facts import NodeFacts
+
+OK = "OK"
+WARNING = "WARNING"
+ERROR = "ERROR"
+_RANK = {OK: 0, WARNING: 1, ERROR: 2}
+
+#: Redis TIME this far from local time (seconds) earns a WARNING.
+CLOCK_OFFSET_WARNING = 0.5
+#: SET key value NX PX (and Lua) arrived in Redis 2.6.12.
+MIN_REDIS_VERSION = (2, 6, 12)
+
+REDIS_IO_ADVICE = (
+    "Without appendfsync always, a node that crashes (power loss, SIGKILL) may "
+    "restart without lock keys it had granted, and a second client can then win a "
+    "quorum for a lock that is still held. Either set appendonly yes + appendfsync "
+    "always (slow), or use delayed restarts: keep a crashed node down for a bit "
+    "longer than the largest lock TTL{ttl_hint} before it rejoins, so every lock it "
+    "took part in has expired (redis.io, 'Distributed locks with Redis': "
+    "'Performance, crash-recovery and fsync')."
+)
+
+
+@dataclass
+class Check:
+    """One verdict: what was checked, OK / WARNING / ERROR, and why."""
+
+    name: str
+    status: str
+    message: str
+    advice: Optional[str] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.name,
+            "status": self.status,
+            "message": self.message,
+            "advice": self.advice,
+        }
+
+
+def worst(checks: Sequence[Check]) -> str:
+    """The most severe status among ``checks`` (OK when there are none)."""
+    return max((c.status for c in checks), key=_RANK.__getitem__, default=OK)
+
+
+# -- one node ------------------------------------------------------------------------------
+
+
+def check_reachable(facts: NodeFacts, config: AppConfig) -> Check:
+    """Whether the node answered, and if it answered, whether this user may inspect it."""
+    if facts.reachable:
+        return Check("reachable", OK, f"yes, run_id {str(facts.run_id)[:8]}")
+    if facts.restricted:
+        return Check(
+            "reachable",
+            ERROR,
+            f"reachable, but this user may not inspect it ({facts.error}); run doctor "
+            "as a user allowed PING, INFO, CONFIG GET, TIME, SCAN and PTTL",
+        )
+    return Check("reachable", ERROR, f"unreachable: {facts.error}")
+
+
+def check_permissions(facts: NodeFacts, config: AppConfig) -> Check:
+    """This user can take and release a lock (an ACL may allow INFO but not EVALSHA)."""
+    if not facts.lock_scripts_error:
+        return Check("permissions", OK, "a probe lock was taken and released")
+    return Check(
+        "permissions",
+        ERROR,
+        "this user cannot run the lock's commands: "
+        f"{facts.lock_scripts_error}; an ACL user needs at least "
+        f"~{config.key_prefix}:* +evalsha +script|load +get +set +exists +pttl "
+        "+pexpire +del (and +eval to survive SCRIPT FLUSH)",
+    )
+
+
+def check_latency(facts: NodeFacts, config: AppConfig) -> Check:
+    """The round trip leaves room within ``redlock_node_timeout``."""
+    latency = facts.latency_ms or 0.0
+    timeout_ms = config.task_defaults.node_timeout * 1000
+    if latency <= timeout_ms / 2:
+        return Check("latency", OK, f"round trip {latency:.2f} ms")
+    return Check(
+        "latency",
+        WARNING,
+        f"round trip {latency:.2f} ms is more than half of redlock_node_timeout "
+        f"({timeout_ms:.0f} ms): lock rounds will often miss this node",
+    )
+
+
+def _version(version: Optional[str]) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", version or "")
+    return tuple(int(n) for n in numbers[:3])
+
+
+def check_version(facts: NodeFacts, config: AppConfig) -> Check:
+    """Redis is new enough for SET NX PX."""
+    if _version(facts.version) < MIN_REDIS_VERSION:
+        return Check("version", ERROR, f"Redis {facts.version}: SET NX PX needs Redis >= 2.6.12")
+    return Check("version", OK, f"Redis {facts.version}")
+
+
+def check_role(facts: NodeFacts, config: AppConfig) -> Check:
+    """An independent master: a replica is an ERROR, a master with replicas a WARNING."""
+    if facts.role == "slave":
+        return Check(
+            "role",
+            ERROR,
+            f"replica of {facts.master}: Redlock needs independent masters (a replica "
+            "refuses the lock writes or keeps them apart from its master's)",
+        )
+    if facts.role != "master":
+        return Check("role", WARNING, f"unexpected role {facts.role!r}")
+    if facts.replicas:
+        return Check(
+            "role",
+            WARNING,
+            f"master with {facts.replicas} replica(s): replication is asynchronous, "
+            "so a failover to a replica can lose lock keys it granted",
+        )
+    return Check("role", OK, "master")
+
+
+def check_maxmemory_policy(facts: NodeFacts, config: AppConfig) -> Check:
+    """noeviction: any other policy may evict lock keys."""
+    policy = facts.maxmemory_policy
+    if policy == "noeviction":
+        return Check("maxmemory-policy", OK, "noeviction")
+    limit = f" (maxmemory {facts.maxmemory} bytes)" if facts.maxmemory else " (maxmemory unset)"
+    if policy and policy.startswith("volatile-"):
+        why = "evicts keys that have a TTL, which is every lock key"
+    else:
+        why = "may evict any key, lock keys included"
+    return Check(
+        "maxmemory-policy", ERROR, f"{policy}{limit}: {why}; set maxmemory-policy noeviction"
+    )
+
+
+def check_persistence(facts: NodeFacts, config: AppConfig) -> Check:
+    """appendfsync always, else a WARNING with redis.io's advice on delayed restarts."""
+    if facts.appendonly and facts.appendfsync == "always":
+        return Check("persistence", OK, "appendonly yes, appendfsync always")
+    if not facts.appendonly:
+        message = "appendonly no: a crashed node restarts without its lock keys"
+    elif facts.appendfsync is None:
+        message = f"appendonly yes, appendfsync unknown ({facts.appendfsync_error})"
+    else:
+        message = (
+            f"appendonly yes, appendfsync {facts.appendfsync}: a crash can lose the "
+            "lock keys of the last writes"
+        )
+    hint = f" (redlock_ttl is {config.task_defaults.ttl:g} s; tasks may set more)"
+    advice = REDIS_IO_ADVICE.format(ttl_hint=hint)
+    return Check("persistence", WARNING, message + " (see Notes: delayed restarts)", advice)
+
+
+def check_clock(facts: NodeFacts, config: AppConfig) -> Check:
+    """A large offset from this host's clock hints at a clock that gets stepped."""
+    offset = facts.clock_offset or 0.0
+    if abs(offset) <= CLOCK_OFFSET_WARNING:
+        return Check("clock", OK, f"offset {offset * 1000:+.1f} ms from this host")
+    return Check(
+        "clock",
+        WARNING,
+        f"Redis TIME is {offset:+.3f} s from this host's clock: Redlock only needs "
+        "clocks to run at the same rate, but an offset this large hints at a clock "
+        "that gets stepped (a step makes TTLs expire early or late)",
+    )
+
+
+def check_lock_keys(facts: NodeFacts, config: AppConfig) -> Check:
+    """Every lock key has a TTL (one without is never freed)."""
+    partial = "" if facts.scan_complete else " (scan stopped at the time budget)"
+    if not facts.keys_without_ttl_count:
+        return Check(
+            "lock-keys",
+            OK if facts.scan_complete else WARNING,
+            f"{facts.lock_keys} lock key(s) under '{config.key_prefix}:', all with a TTL" + partial,
+        )
+    shown = ", ".join(facts.keys_without_ttl)
+    more = facts.keys_without_ttl_count - len(facts.keys_without_ttl)
+    return Check(
+        "lock-keys",
+        ERROR,
+        f"{facts.keys_without_ttl_count} key(s) under '{config.key_prefix}:' without "
+        f"a TTL, never freed: {shown}" + (f" and {more} more" if more > 0 else "") + partial,
+        advice="Remove them with: celery -A proj redlock release KEY --force",
+    )
+
+
+# -- all nodes -----------------------------------------------------------------------------
+
+
+def check_node_count(facts: Sequence[NodeFacts]) -> Check:
+    """An odd number of nodes, more than one."""
+    count = len(facts)
+    need = quorum(count)
+    if count == 1:
+        return Check(
+            "node-count",
+            WARNING,
+            "1 node: no fault tolerance (a crash loses every lock); use 3 or 5 independent masters",
+        )
+    if count % 2 == 0:
+        return Check(
+            "node-count",
+            WARNING,
+            f"{count} nodes: an even number tolerates no more failures than "
+            f"{count - 1} ({count - need} down); prefer an odd number",
+        )
+    return Check("node-count", OK, f"{count} nodes, quorum {need}, tolerates {count - need} down")
+
+
+def check_distinct_servers(facts: Sequence[NodeFacts]) -> list[Check]:
+    """No server listed twice (same run_id): one ERROR per server that is."""
+    by_run_id: dict[str, list[str]] = defaultdict(list)
+    for node in facts:
+        if node.run_id:
+            by_run_id[node.run_id].append(node.address)
+    duplicates = [addresses for addresses in by_run_id.values() if len(addresses) > 1]
+    if not duplicates:
+        return [Check("distinct-servers", OK, f"{len(by_run_id)} distinct servers answered")]
+    return [
+        Check(
+            "distinct-servers",
+            ERROR,
+            f"{' and '.join(addresses)} are the same server (same run_id): it would "
+            "vote more than once in every quorum",
+        )
+        for addresses in duplicates
+    ]
+
+
+def usable_nodes(facts: Sequence[NodeFacts]) -> int:
+    """Nodes that can vote: reachable masters, each server counted once."""
+    seen: set[str] = set()
+    usable = 0
+    for node in facts:
+        if not node.reachable or node.role != "master":
+            continue
+        if node.run_id:
+            if node.run_id in seen:
+                continue
+            seen.add(node.run_id)
+        usable += 1
+    return usable
+
+
+def check_quorum(facts: Sequence[NodeFacts]) -> Check:
+    """At least a quorum of the nodes is usable."""
+    count = len(facts)
+    need = quorum(count)
+    usable = usable_nodes(facts)
+    reachable = sum(1 for n in facts if n.reachable)
+    detail = f"{usable} of {count} nodes usable (reachable, master, distinct), quorum {need}"
+    if reachable < count or usable < reachable:
+        detail += f"; {reachable} reachable"
+    restricted = sum(1 for n in facts if n.restricted)
+    if usable >= need:
+        return Check("quorum", OK, detail)
+    if restricted:
+        return Check(
+            "quorum",
+            ERROR,
+            f"{detail}; {restricted} answered but could not be inspected by this user: "
+            "the quorum cannot be confirmed",
+        )
+    return Check("quorum", ERROR, detail + ": no lock can be taken")

@@ -1,0 +1,106 @@
+"""What every command of the CLI shares below click: the configured nodes, working on
+all of them at once under one deadline, and reading keys and stored values.
+
+No click here (the doctor library and the lock readers use it without a command
+line); it imports only redis and the lock's own modules (nodes, redlock).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import redis
+
+from ..nodes import Node
+from ..redlock import Redlock, is_lock_key
+
+_T = TypeVar("_T")
+
+
+def configured_nodes(lock: Redlock) -> list[Node]:
+    """The lock's nodes, in configured order."""
+    # switched to lock.node_set at merge
+    return list(lock._nodes.nodes)
+
+
+def on_each_node(
+    nodes: Sequence[Node], work: Callable[[Node], _T], timeout: float
+) -> list[Union[_T, BaseException]]:
+    """``work(node)`` for every node at once, in threads, under one shared deadline.
+
+    One entry per node: what ``work`` returned, the exception it raised, or a
+    ``redis.TimeoutError`` when it was still running at the deadline (the thread
+    is a daemon and is left behind: a hung node must not hang the command).
+    """
+    pending = object()
+    results: list[Any] = [pending] * len(nodes)
+
+    def run(index: int, node: Node) -> None:
+        try:
+            results[index] = work(node)
+        except BaseException as exc:
+            results[index] = exc
+
+    threads = [
+        threading.Thread(target=run, args=(i, node), daemon=True, name=f"redlock-cli-{i}")
+        for i, node in enumerate(nodes)
+    ]
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [
+        redis.TimeoutError(f"{node.address}: no reply within {timeout:g} s")
+        if result is pending
+        else result
+        for node, result in zip(nodes, results)
+    ]
+
+
+def text(value: object) -> Optional[str]:
+    """A reply as text: bytes decoded, numbers as written."""
+    # redis-py's INFO parser turns number-looking values into int/float, and a
+    # client given by the app may decode replies itself.
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def split_value(value: str) -> tuple[str, Optional[str]]:
+    """A stored lock value ``token|holder`` -> (token, holder or None)."""
+    # Not redlock._split_value: that one takes bytes only, and the CLI also reads
+    # through clients that decode replies.
+    token, _, holder = value.partition("|")
+    return token, holder or None
+
+
+def error_text(error: BaseException) -> str:
+    """An exception as one line of text."""
+    message = str(error) or type(error).__name__
+    return message.replace("\n", " ")
+
+
+def full_key(key: str, prefix: str) -> str:
+    """``KEY`` as given on the command line -> the key in Redis.
+
+    A key already under ``<prefix>:`` is taken as is; any other is relative to it.
+    """
+    if key.startswith(prefix + ":"):
+        return key
+    return f"{prefix}:{key}"
+
+
+def prefix_match(prefix: str, pattern: str = "*") -> str:
+    """A SCAN MATCH glob for ``pattern`` under ``<prefix>:`` (the prefix taken literally)."""
+    escaped = re.sub(r"([*?\[\]\\])", r"\\\1", prefix)
+    return f"{escaped}:{pattern}"
+
+
+def lock_keys(names: Sequence[str]) -> list[str]:
+    """Lock keys, not the fence counters or release tombstones kept beside them."""
+    return [name for name in names if is_lock_key(name)]

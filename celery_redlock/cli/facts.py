@@ -1,0 +1,182 @@
+"""What ``doctor`` reads from one node: settings, role, clock, the lock keys, and
+whether this user may run the lock's own scripts.
+
+Reading only: judging the facts is checks.py. No click here; imports redis, scripts,
+common.py and redlock (key names).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import redis
+
+from .. import scripts
+from ..nodes import Node
+from ..redlock import FENCE, tombstone
+from .common import error_text, lock_keys, prefix_match, text
+
+#: Lock keys without a TTL listed by doctor (all of them are counted).
+NO_TTL_SHOWN = 10
+#: The scan for keys without a TTL stops at this fraction of the node's budget, so
+#: a huge keyspace shortens the scan instead of losing the node's whole report.
+SCAN_BUDGET = 0.6
+
+
+@dataclass
+class NodeFacts:
+    """What one node told us (the raw material of its checks)."""
+
+    address: str
+    reachable: bool = False
+    error: Optional[str] = None
+    latency_ms: Optional[float] = None
+    version: Optional[str] = None
+    run_id: Optional[str] = None
+    role: Optional[str] = None
+    master: Optional[str] = None
+    replicas: int = 0
+    maxmemory: Optional[int] = None
+    maxmemory_policy: Optional[str] = None
+    appendonly: Optional[bool] = None
+    appendfsync: Optional[str] = None
+    appendfsync_error: Optional[str] = None
+    clock_offset: Optional[float] = None
+    lock_keys: int = 0
+    fence_keys: int = 0
+    keys_without_ttl: list[str] = field(default_factory=list)
+    keys_without_ttl_count: int = 0
+    scan_complete: bool = True
+    lock_scripts_error: Optional[str] = None
+    restricted: bool = False  # answered, but this user may not inspect it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.address,
+            "reachable": self.reachable,
+            "error": self.error,
+            "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 3),
+            "redis_version": self.version,
+            "run_id": self.run_id,
+            "role": self.role,
+            "master": self.master,
+            "connected_replicas": self.replicas,
+            "maxmemory": self.maxmemory,
+            "maxmemory_policy": self.maxmemory_policy,
+            "appendonly": self.appendonly,
+            "appendfsync": self.appendfsync,
+            "clock_offset_s": None if self.clock_offset is None else round(self.clock_offset, 6),
+            "lock_keys": self.lock_keys,
+            "fence_keys": self.fence_keys,
+            "keys_without_ttl": self.keys_without_ttl,
+            "keys_without_ttl_count": self.keys_without_ttl_count,
+            "scan_complete": self.scan_complete,
+            "lock_scripts_error": self.lock_scripts_error,
+        }
+
+
+def inspect_node(node: Node, prefix: str, budget: float) -> NodeFacts:
+    """Read everything doctor judges from one node; raises if it cannot be reached.
+
+    ``budget``: the seconds this node gets; the key scan stops early to fit in it.
+    """
+    started = time.monotonic()
+    facts = NodeFacts(node.address)
+    client = node.client()
+    client.ping()  # connects: not part of the round trip measured below
+    facts.reachable = True
+    facts.latency_ms = _round_trip_ms(client)
+    _read_info(client, facts)
+    facts.clock_offset = _clock_offset(client)
+    facts.lock_scripts_error = _probe_lock_scripts(client, prefix)
+    _scan_lock_keys(client, prefix, facts, started + budget * SCAN_BUDGET)
+    return facts
+
+
+def _round_trip_ms(client: redis.Redis) -> float:
+    trips = []
+    for _ in range(5):
+        before = time.perf_counter()
+        client.ping()
+        trips.append(time.perf_counter() - before)
+    return statistics.median(trips) * 1000
+
+
+def _read_info(client: redis.Redis, facts: NodeFacts) -> None:
+    """Version, role, memory and persistence settings."""
+    server = client.info("server")
+    facts.version = text(server.get("redis_version"))
+    facts.run_id = text(server.get("run_id"))
+    replication = client.info("replication")
+    facts.role = text(replication.get("role"))
+    if facts.role == "slave":
+        facts.master = f"{replication.get('master_host')}:{replication.get('master_port')}"
+    facts.replicas = int(replication.get("connected_slaves") or 0)
+    memory = client.info("memory")
+    facts.maxmemory = int(memory.get("maxmemory") or 0)
+    facts.maxmemory_policy = text(memory.get("maxmemory_policy"))
+    persistence = client.info("persistence")
+    facts.appendonly = bool(int(persistence.get("aof_enabled") or 0))
+    try:
+        # Not in INFO; CONFIG may be renamed or refused on managed Redis.
+        facts.appendfsync = text(client.config_get("appendfsync").get("appendfsync"))
+    except redis.ResponseError as exc:
+        facts.appendfsync_error = error_text(exc)
+
+
+def _clock_offset(client: redis.Redis) -> float:
+    """Seconds the node's TIME is ahead of this host's clock (midpoint of the call)."""
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    return float(seconds + micros / 1e6 - (before + after) / 2)
+
+
+def _probe_lock_scripts(client: redis.Redis, prefix: str) -> Optional[str]:
+    """Take and release a probe lock with the lock's own commands (SCRIPT LOAD, then
+    EVALSHA of the acquire and release scripts): None when this user may, else why not.
+    Inspection alone cannot tell: an ACL may allow INFO and forbid EVALSHA or DEL."""
+    key = f"{prefix}:doctor-probe:{os.getpid()}:{time.monotonic_ns()}"
+    value = "doctor-probe|celery redlock doctor"
+    try:
+        for script in (scripts.ACQUIRE, scripts.RELEASE):
+            client.script_load(script.source)
+        taken = client.evalsha(scripts.ACQUIRE.sha, 2, key, tombstone(key, value), value, 5000)
+        if taken != 1:
+            return f"the probe lock {key} was not granted ({taken!r})"
+        released = client.evalsha(scripts.RELEASE.sha, 2, key, tombstone(key, value), value, 5000)
+        if released != 1:
+            return f"the probe lock {key} was not released ({released!r})"
+    except redis.RedisError as exc:
+        return error_text(exc)
+    return None
+
+
+def _scan_lock_keys(client: redis.Redis, prefix: str, facts: NodeFacts, stop_at: float) -> None:
+    """Count lock and fence keys and find lock keys without a TTL, until ``stop_at``."""
+    match = prefix_match(prefix)
+    cursor = 0
+    while True:
+        cursor, batch = client.scan(cursor, match=match, count=1000)
+        names = [text(k) or "" for k in batch]
+        keys = lock_keys(names)
+        facts.fence_keys += sum(1 for k in names if k.endswith(FENCE))
+        facts.lock_keys += len(keys)
+        if keys:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pttl(key)
+            for key, pttl in zip(keys, pipe.execute()):
+                if pttl == -1:
+                    facts.keys_without_ttl_count += 1
+                    if len(facts.keys_without_ttl) < NO_TTL_SHOWN:
+                        facts.keys_without_ttl.append(key)
+        if cursor == 0:
+            return
+        if time.monotonic() > stop_at:
+            facts.scan_complete = False
+            return
