@@ -6,7 +6,6 @@ Imports click, Celery's command classes and config.py; never the commands.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Callable, Optional
 
@@ -14,6 +13,7 @@ import click
 from celery.bin.base import CeleryOption
 from celery.exceptions import CeleryCommandException
 
+from .. import validate
 from ..config import AppConfig, app_config
 from ..errors import ConfigurationError
 from ..redlock import Redlock
@@ -41,9 +41,11 @@ class Seconds(click.FloatRange):
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Any) -> Any:
         seconds = super().convert(value, param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
-        return seconds
+        try:
+            name = f"--{param.name}" if param else "seconds"
+            return validate.seconds(name, seconds, minimum=None)
+        except ConfigurationError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
