@@ -3,6 +3,8 @@
 Two uses: the physical floor (hand-packed ``SET k v NX PX`` then ``DEL k``, the least
 any lock can do on one node) and the bench's own control connection (CONFIG
 RESETSTAT, INFO, MONITOR), whose commands must be told apart from the contenders'.
+Commands are packed and replies parsed by celery-redlock's own codec
+(``celery_redlock.resp``): only the sockets and the floor's loops are the bench's.
 """
 
 from __future__ import annotations
@@ -11,22 +13,9 @@ import select
 import socket
 from typing import Union
 
-__all__ = ["FloorCycle", "FloorQuorum", "RespConnection", "RespError", "pack"]
+from celery_redlock.resp import INCOMPLETE, pack, parse
 
-Reply = Union[None, int, bytes, list["Reply"], "RespError"]
-
-
-class RespError(Exception):
-    """An error reply (``-ERR ...``)."""
-
-
-def pack(*args: Union[bytes, str, int]) -> bytes:
-    """RESP-encode one command as an array of bulk strings."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
+__all__ = ["FloorCycle", "FloorQuorum", "RespConnection", "pack"]
 
 
 class RespConnection:
@@ -55,11 +44,12 @@ class RespConnection:
     def send(self, payload: bytes) -> None:
         self.sock.sendall(payload)
 
-    def call(self, *args: Union[bytes, str, int]) -> Reply:
-        """Send one command and return its reply; error replies raise RespError."""
+    def call(self, *args: Union[bytes, str, int]) -> object:
+        """Send one command and return its reply; an error reply raises (redis-py's
+        error class for it)."""
         self.sock.sendall(pack(*args))
         reply = self.read_reply()
-        if isinstance(reply, RespError):
+        if isinstance(reply, Exception):
             raise reply
         return reply
 
@@ -73,28 +63,14 @@ class RespConnection:
                 return line
             self._fill()
 
-    def read_reply(self) -> Reply:
-        line = self.read_line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            return RespError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
-            if size < 0:
-                return None
-            while len(self._buf) < size + 2:
-                self._fill()
-            data = bytes(self._buf[:size])
-            del self._buf[: size + 2]
-            return data
-        if kind == b"*":
-            count = int(rest)
-            return None if count < 0 else [self.read_reply() for _ in range(count)]
-        raise RespError(f"unexpected reply {line[:40]!r}")
+    def read_reply(self) -> object:
+        """The next reply (an error reply is returned as an exception instance)."""
+        while True:
+            reply, end = parse(self._buf, 0)
+            if reply is not INCOMPLETE:
+                del self._buf[:end]
+                return reply
+            self._fill()
 
     def _fill(self) -> None:
         chunk = self.sock.recv(65536)

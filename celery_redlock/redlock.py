@@ -14,34 +14,63 @@ reply may have been lost after the SET happened.
 With ``fencing=True`` a second round makes ``lease.fence`` strictly increase from
 one holder to the next (see ``Redlock.acquire``).
 
-This module knows nothing about Celery.
+Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
+holders.py; the ``Lease`` a caller holds is lease.py; talking to the nodes is
+nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
+import it; lease.py, holders.py and watchdog.py must not import this module.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import secrets
-import socket
-import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence
 
 from . import scripts
-from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable
+from .errors import ConfigurationError, LockContended, QuorumUnavailable
+from .holders import (
+    FENCE,
+    INTERNAL,
+    TOMBSTONE,
+    HolderInfo,
+    NodeHolding,
+    default_holder,
+    fence_counter,
+    is_lock_key,
+    read_holding,
+    split_value,
+    tombstone,
+)
+from .lease import Duration, Lease
 from .nodes import Command, NodeSet
+from .watchdog import get_watchdog
 
-__all__ = ["Duration", "HolderInfo", "Lease", "NodeHolding", "Redlock", "quorum"]
+# FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
+# importable from here.
+__all__ = [
+    "FENCE",
+    "INTERNAL",
+    "TOMBSTONE",
+    "Duration",
+    "HolderInfo",
+    "Lease",
+    "NodeHolding",
+    "Redlock",
+    "default_holder",
+    "fence_counter",
+    "is_lock_key",
+    "quorum",
+    "tombstone",
+]
 
 logger = logging.getLogger(__name__)
-
-Duration = Union[float, int, timedelta]
 
 #: Redis expires a key up to 1 ms early; one more ms for our own clock's granularity.
 CLOCK_PRECISION = 0.002
@@ -98,286 +127,9 @@ def _check_key(key: object) -> str:
     return key
 
 
-#: Separates a lock key from the lock's own keys kept beside it. Lock keys may not
-#: contain it, so no lock key can ever be another key's fence counter or tombstone
-#: (with ":fence", the lock for "job:fence" *was* the fence counter of "job"). They
-#: stay under the lock key's prefix, so one ACL key pattern covers all of them.
-INTERNAL = "\x00"
-#: Marks a release's tombstone: ``<key>\0released\0<token>`` (see scripts.RELEASE).
-TOMBSTONE = INTERNAL + "released" + INTERNAL
-#: Suffix of a key's fence counter, ``<key>\0fence`` (never expires, by design).
-FENCE = INTERNAL + "fence"
-
-
-def tombstone(key: str, value: str) -> str:
-    """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
-    return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
-
-
-def fence_counter(key: str) -> str:
-    """Where the nodes keep the highest fence granted for ``key``."""
-    return key + FENCE
-
-
-def is_lock_key(name: str) -> bool:
-    """A lock key, not a fence counter or tombstone kept beside one."""
-    return INTERNAL not in name
-
-
 def release_command(key: str, value: str, ttl: float) -> Command:
     """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
     return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, _ms(ttl)])
-
-
-_holder: Optional[str] = None
-
-
-def default_holder() -> str:
-    """Who we are, as stored beside the token: ``hostname:pid`` (cached per process)."""
-    global _holder
-    if _holder is None:
-        _holder = f"{socket.gethostname()}:{os.getpid()}"
-    return _holder
-
-
-def _forget_holder() -> None:
-    global _holder
-    _holder = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_holder)
-
-
-def _split_value(value: object) -> tuple[Optional[str], Optional[str]]:
-    """Stored value -> (token, holder). The token is url-safe base64: never a '|'."""
-    if not isinstance(value, bytes):
-        return None, None
-    text = value.decode("utf-8", "replace")
-    token, _, holder = text.partition("|")
-    return token, holder or None
-
-
-@dataclass(frozen=True)
-class NodeHolding:
-    """What one node says about a key."""
-
-    node: str
-    token: Optional[str] = None
-    holder: Optional[str] = None
-    ttl: Optional[float] = None  # seconds left; None: no key (or no expiry)
-    error: Optional[BaseException] = None
-
-
-@dataclass(frozen=True)
-class HolderInfo:
-    """Who holds a key, node by node, and whether a quorum agrees."""
-
-    key: str
-    nodes: tuple[NodeHolding, ...]
-    quorum: int
-
-    @property
-    def holder(self) -> Optional[str]:
-        """The holder a quorum of nodes agrees on, else ``None``."""
-        tokens = Counter(n.token for n in self.nodes if n.token)
-        for token, count in tokens.most_common(1):
-            if count >= self.quorum:
-                return next(n.holder or token for n in self.nodes if n.token == token)
-        return None
-
-    @property
-    def ttl(self) -> Optional[float]:
-        """Seconds until the quorum holder's lock frees (its quorum-th longest TTL)."""
-        held = self.holder
-        if held is None:
-            return None
-        ttls = sorted(
-            (n.ttl for n in self.nodes if (n.holder or n.token) == held and n.ttl is not None),
-            reverse=True,
-        )
-        return ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
-
-
-class Lease:
-    """A lock we won: key, token, fence and how long it is guaranteed ours.
-
-    Returned by ``Redlock.acquire``. ``validity`` counts down from the moment the
-    acquire round started; once it reaches zero another client may hold the key.
-    """
-
-    def __init__(
-        self,
-        redlock: Redlock,
-        key: str,
-        token: str,
-        holder: str,
-        ttl: float,
-        started: float,
-        deadline: float,
-        fence: Optional[int],
-        max_hold: Optional[float],
-    ) -> None:
-        self._redlock = redlock
-        self.key = key
-        self.token = token
-        self.holder = holder
-        self.value = f"{token}|{holder}"
-        self.ttl = ttl
-        self.fence = fence
-        self.acquired_at = started
-        self.extensions = 0
-        self.max_hold = max_hold
-        self._deadline = deadline
-        self._released = False
-        self._lost_reason: Optional[str] = None
-        self._on_lost: list[Callable[[Lease], Any]] = []
-        self._on_extended: list[Callable[[Lease], Any]] = []
-        self._lost_fired = False
-        self._lock = threading.RLock()
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else f"validity={self.validity:.3f}s"
-        fence = f" fence={self.fence}" if self.fence is not None else ""
-        return f"<Lease {self.key!r}{fence} {state}>"
-
-    @property
-    def validity(self) -> float:
-        """Seconds of guaranteed exclusivity left (<= 0: no longer guaranteed)."""
-        if self._released or self._lost_reason is not None:
-            return 0.0
-        return self._deadline - self._redlock._clock()
-
-    @property
-    def deadline(self) -> float:
-        """When validity runs out, on the lock's monotonic clock."""
-        return self._deadline
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    @property
-    def held(self) -> bool:
-        """True while the lease is guaranteed ours (not released, lost or expired)."""
-        return self.validity > 0
-
-    @property
-    def lost(self) -> bool:
-        """True when the lease ended without being released: expired or not renewed."""
-        return not self._released and self.validity <= 0
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        if self._lost_reason is not None:
-            return self._lost_reason
-        if self.lost:
-            return "validity ran out"
-        return None
-
-    def ensure_held(self) -> None:
-        """Raise ``LockLost`` unless the lease is still guaranteed ours.
-
-        Call it at checkpoints of long work: a paused or slow holder learns it must
-        stop before it writes.
-        """
-        if not self.held:
-            self.mark_lost(self.lost_reason or "released")
-            raise LockLost(self.key, self.lost_reason or "released")
-
-    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
-        """Call ``callback(lease)`` once, when the lease is found lost."""
-        with self._lock:
-            self._on_lost.append(callback)
-
-    def on_extended(self, callback: Callable[[Lease], Any]) -> None:
-        """Call ``callback(lease)`` after each successful extension."""
-        with self._lock:
-            self._on_extended.append(callback)
-
-    def mark_lost(self, reason: str) -> None:
-        """Record that the lease is gone and run the ``on_lost`` callbacks once."""
-        with self._lock:
-            if self._released or self._lost_fired:
-                return
-            if self._lost_reason is None:
-                self._lost_reason = reason
-            self._lost_fired = True
-            callbacks = list(self._on_lost)
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception:
-                logger.exception("lock_lost callback failed for %s", self.key)
-
-    def extend(self, ttl: Optional[Duration] = None) -> bool:
-        """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
-
-        True only if a majority extended it within the remaining validity; the new
-        validity counts from the start of this round. Bounded by ``max_hold``: past
-        it, the lease is extended only up to the bound, then no further (returns False).
-        A failed extension marks the lease lost -- keep the work fenced or stop.
-        """
-        new_ttl = self.ttl if ttl is None else _positive("ttl", ttl)
-        with self._lock:
-            if self._released or self._lost_reason is not None:
-                return False
-            redlock = self._redlock
-            started = redlock._clock()
-            if self._deadline - started <= 0:
-                self.mark_lost("validity ran out before it was extended")
-                return False
-            if self.max_hold is not None:
-                left = self.acquired_at + self.max_hold - started
-                if left <= redlock._margin(new_ttl):
-                    return False  # at the bound: let it run out
-                new_ttl = min(new_ttl, left)
-            command = Command(scripts.EXTEND, [self.key], [self.value, _ms(new_ttl)])
-            need = quorum(len(redlock._nodes))
-            results = redlock._nodes.round(
-                command,
-                min(redlock.node_timeout, self._deadline - started),
-                is_yes=_is_one,
-                enough_yes=need,
-                enough_no=len(redlock._nodes) - need + 1,
-            )
-            finished = redlock._clock()
-            won = sum(1 for r in results if r == 1)
-            extended = won >= need and finished < self._deadline
-            if extended:
-                self._deadline = started + new_ttl - redlock._margin(new_ttl)
-                self.extensions += 1
-            callbacks = list(self._on_extended)
-        if not extended:
-            errors = [r for r in results if isinstance(r, BaseException)]
-            detail = f" ({errors[0]})" if errors else ""
-            reached = f"extension reached {won} of {len(results)} nodes, needed {need}"
-            self.mark_lost(reached + detail)
-            return False
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception:
-                logger.exception("lock_extended callback failed for %s", self.key)
-        return True
-
-    def release(self) -> None:
-        """Delete the key on all nodes where it still holds our token. Idempotent.
-
-        Waits for a majority to answer at most (never for hung nodes): the others
-        get the command too and the next round on their connections reads the reply.
-        """
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        self._redlock._release(self.key, self.value, self.ttl)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
 
 def _is_one(reply: object) -> bool:
@@ -479,6 +231,8 @@ class Redlock:
         self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._nodes = NodeSet(nodes, clock=clock)
         self.quorum = quorum(len(self._nodes))
+        # Noes that rule a quorum out: a round can stop there.
+        self._enough_no = len(self._nodes) - self.quorum + 1
 
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
@@ -489,8 +243,23 @@ class Redlock:
         """The node addresses, in the order given."""
         return [n.address for n in self._nodes.nodes]
 
+    @property
+    def node_set(self) -> NodeSet:
+        """The nodes themselves (``node_set.nodes``, in the order given), for
+        inspection: the CLI reads them with plain clients. Lock operations go
+        through this lock's methods."""
+        return self._nodes
+
     def _margin(self, ttl: float) -> float:
         return ttl * self.drift_factor + CLOCK_PRECISION
+
+    def _quorum_round(
+        self, command: Command, is_yes: Callable[[object], bool], timeout: float
+    ) -> list[object]:
+        """One round that stops as soon as a quorum said yes, or can no longer."""
+        return self._nodes.round(
+            command, timeout, is_yes=is_yes, enough_yes=self.quorum, enough_no=self._enough_no
+        )
 
     def close(self) -> None:
         """Close every connection (they reopen on next use)."""
@@ -584,9 +353,6 @@ class Redlock:
             self._sleep(delay)
 
     def _attempt(self, key: str, ttl: float, holder: str) -> _Attempt:
-        nodeset = self._nodes
-        count = len(nodeset)
-        need = self.quorum
         token = secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
         ttl_ms = _ms(ttl)
@@ -599,28 +365,19 @@ class Redlock:
         else:
             command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
         started = self._clock()
-        results = nodeset.round(
-            command,
-            self.node_timeout,
-            is_yes=_is_granted,
-            enough_yes=need,
-            enough_no=count - need + 1,
-        )
+        results = self._quorum_round(command, _is_granted, self.node_timeout)
         granted = [r for r in results if _is_granted(r)]
         deadline = started + ttl - self._margin(ttl)
-        fence: Optional[int] = None
-        if len(granted) >= need and self._clock() < deadline:
-            if not self.fencing:
-                return _Attempt(
-                    Lease(self, key, token, holder, ttl, started, deadline, None, self.max_hold)
-                )
-            fence = self._fence(key, value, granted, deadline)
-            if fence is not None:
-                return _Attempt(
-                    Lease(self, key, token, holder, ttl, started, deadline, fence, self.max_hold)
-                )
+        if len(granted) >= self.quorum and self._clock() < deadline:
+            fence = self._fence(key, value, granted, deadline) if self.fencing else None
+            if fence is not None or not self.fencing:
+                lease = Lease(
+                    self, self._clock, key, token, holder, ttl, started, deadline, fence,
+                    self.max_hold,
+                )  # fmt: skip
+                return _Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
-        nodeset.round(release_command(key, value, ttl), 0.0, wait=False)
+        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False)
         return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
@@ -643,13 +400,7 @@ class Redlock:
         if left <= 0:
             return None
         command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
-        results = self._nodes.round(
-            command,
-            min(self.node_timeout, left),
-            is_yes=_is_one,
-            enough_yes=self.quorum,
-            enough_no=len(self._nodes) - self.quorum + 1,
-        )
+        results = self._quorum_round(command, _is_one, min(self.node_timeout, left))
         recorded = sum(1 for r in results if r == 1)
         if recorded >= self.quorum and self._clock() < deadline:
             return fence
@@ -668,7 +419,7 @@ class Redlock:
         if errors and len(refusals) <= count - need:
             # The refusals alone did not rule out a quorum: the silent nodes did.
             return _Attempt(unavailable=QuorumUnavailable(key, errors, need))
-        holders = Counter(_split_value(r[0])[1] or "unknown" for r in refusals)
+        holders = Counter(split_value(r[0])[1] or "unknown" for r in refusals)
         holder = holders.most_common(1)[0][0] if holders else None
         # The lock frees when enough refusing nodes expire to make a quorum with the
         # others: that is the k-th shortest remaining TTL among the refusals.
@@ -702,8 +453,6 @@ class Redlock:
         lease = self.try_acquire(key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder)
         watchdog = None
         if auto_extend:
-            from .watchdog import get_watchdog
-
             watchdog = get_watchdog()
             watchdog.watch(lease)
         try:
@@ -725,6 +474,42 @@ class Redlock:
                 f"value must be a lease's stored value, a 'token|holder' str, got {value!r}"
             )
         self._release(_check_key(key), value, self.ttl)
+
+    # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
+
+    def _lease_ttl(self, ttl: Duration) -> float:
+        return _positive("ttl", ttl)
+
+    def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
+        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
+
+        ``(new deadline, None)`` when a majority extended it within its validity;
+        ``(None, why)`` when the lease is lost; ``(None, None)`` at ``max_hold``.
+        """
+        started = self._clock()
+        deadline = lease.deadline
+        if deadline - started <= 0:
+            return None, "validity ran out before it was extended"
+        if lease.max_hold is not None:
+            left = lease.acquired_at + lease.max_hold - started
+            if left <= self._margin(ttl):
+                return None, None  # at the bound: let it run out
+            ttl = min(ttl, left)
+        command = Command(scripts.EXTEND, [lease.key], [lease.value, _ms(ttl)])
+        results = self._quorum_round(command, _is_one, min(self.node_timeout, deadline - started))
+        finished = self._clock()
+        won = sum(1 for r in results if r == 1)
+        if won >= self.quorum and finished < deadline:
+            return started + ttl - self._margin(ttl), None
+        errors = [r for r in results if isinstance(r, BaseException)]
+        detail = f" ({errors[0]})" if errors else ""
+        return (
+            None,
+            f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}",
+        )
+
+    def _release_lease(self, lease: Lease) -> None:
+        self._release(lease.key, lease.value, lease.ttl)
 
     def _release(self, key: str, value: str, ttl: float) -> None:
         results = self._nodes.round(
@@ -755,7 +540,5 @@ class Redlock:
                 holdings.append(NodeHolding(node.address, error=reply))
                 continue
             value, pttl = reply if isinstance(reply, list) else (None, -2)
-            token, who = _split_value(value)
-            ttl = pttl / 1000.0 if isinstance(pttl, int) and pttl >= 0 else None
-            holdings.append(NodeHolding(node.address, token, who, ttl))
+            holdings.append(read_holding(node.address, value, pttl))
         return HolderInfo(key, tuple(holdings), self.quorum)

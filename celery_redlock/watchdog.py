@@ -15,7 +15,7 @@ Under gevent or eventlet the thread is a greenlet: a CPU-bound task that never
 yields starves it, and its lease expires. Keep such tasks' TTL above their longest
 stretch without I/O.
 
-Imports only redlock.py's Lease (no Celery).
+Imports only lease.py (no Celery, not redlock.py: the lock imports the watchdog).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .redlock import Lease
+from .lease import Lease
 
 __all__ = ["Watchdog", "get_watchdog"]
 

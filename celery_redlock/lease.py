@@ -1,0 +1,200 @@
+"""A lock we won: the ``Lease`` and what its holder can ask of it.
+
+A lease counts its validity down on the lock's monotonic clock from the moment the
+acquire round started; once it reaches zero another client may hold the key. It is
+*lost* when it ends without being released (validity ran out, an extension failed):
+its ``on_lost`` callbacks run once, and ``held`` / ``ensure_held()`` tell the holder.
+
+The rounds themselves belong to the lock that granted the lease: ``extend`` and
+``release`` ask it through ``LeaseOwner`` (``Redlock`` is one), so this module knows
+no nodes and imports nothing from redlock.py or nodes.py (nor Celery).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Optional, Protocol, Union
+
+from .errors import LockLost
+
+__all__ = ["Duration", "Lease", "LeaseOwner"]
+
+logger = logging.getLogger(__name__)
+
+Duration = Union[float, int, timedelta]
+
+
+class LeaseOwner(Protocol):
+    """What a lease asks of the lock that granted it."""
+
+    def _lease_ttl(self, ttl: Duration) -> float:
+        """``ttl`` as seconds, or a ConfigurationError naming it."""
+
+    def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
+        """One extension round: ``(new deadline, None)`` when extended, ``(None,
+        reason)`` when the lease is lost, ``(None, None)`` at ``max_hold``."""
+
+    def _release_lease(self, lease: Lease) -> None:
+        """Compare-and-delete the lease's key on every node."""
+
+
+class Lease:
+    """A lock we won: key, token, fence and how long it is guaranteed ours.
+
+    Returned by ``Redlock.acquire``. ``validity`` counts down from the moment the
+    acquire round started; once it reaches zero another client may hold the key.
+    """
+
+    def __init__(
+        self,
+        owner: LeaseOwner,
+        clock: Callable[[], float],
+        key: str,
+        token: str,
+        holder: str,
+        ttl: float,
+        started: float,
+        deadline: float,
+        fence: Optional[int],
+        max_hold: Optional[float],
+    ) -> None:
+        self._owner = owner
+        self._clock = clock
+        self.key = key
+        self.token = token
+        self.holder = holder
+        self.value = f"{token}|{holder}"
+        self.ttl = ttl
+        self.fence = fence
+        self.acquired_at = started
+        self.extensions = 0
+        self.max_hold = max_hold
+        self._deadline = deadline
+        self._released = False
+        self._lost_reason: Optional[str] = None
+        self._on_lost: list[Callable[[Lease], Any]] = []
+        self._on_extended: list[Callable[[Lease], Any]] = []
+        self._lost_fired = False
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else f"validity={self.validity:.3f}s"
+        fence = f" fence={self.fence}" if self.fence is not None else ""
+        return f"<Lease {self.key!r}{fence} {state}>"
+
+    @property
+    def validity(self) -> float:
+        """Seconds of guaranteed exclusivity left (<= 0: no longer guaranteed)."""
+        if self._released or self._lost_reason is not None:
+            return 0.0
+        return self._deadline - self._clock()
+
+    @property
+    def deadline(self) -> float:
+        """When validity runs out, on the lock's monotonic clock."""
+        return self._deadline
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def held(self) -> bool:
+        """True while the lease is guaranteed ours (not released, lost or expired)."""
+        return self.validity > 0
+
+    @property
+    def lost(self) -> bool:
+        """True when the lease ended without being released: expired or not renewed."""
+        return not self._released and self.validity <= 0
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        if self._lost_reason is not None:
+            return self._lost_reason
+        if self.lost:
+            return "validity ran out"
+        return None
+
+    def ensure_held(self) -> None:
+        """Raise ``LockLost`` unless the lease is still guaranteed ours.
+
+        Call it at checkpoints of long work: a paused or slow holder learns it must
+        stop before it writes.
+        """
+        if not self.held:
+            self.mark_lost(self.lost_reason or "released")
+            raise LockLost(self.key, self.lost_reason or "released")
+
+    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
+        """Call ``callback(lease)`` once, when the lease is found lost."""
+        with self._lock:
+            self._on_lost.append(callback)
+
+    def on_extended(self, callback: Callable[[Lease], Any]) -> None:
+        """Call ``callback(lease)`` after each successful extension."""
+        with self._lock:
+            self._on_extended.append(callback)
+
+    def mark_lost(self, reason: str) -> None:
+        """Record that the lease is gone and run the ``on_lost`` callbacks once."""
+        with self._lock:
+            if self._released or self._lost_fired:
+                return
+            if self._lost_reason is None:
+                self._lost_reason = reason
+            self._lost_fired = True
+            callbacks = list(self._on_lost)
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lock_lost callback failed for %s", self.key)
+
+    def extend(self, ttl: Optional[Duration] = None) -> bool:
+        """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
+
+        True only if a majority extended it within the remaining validity; the new
+        validity counts from the start of this round. Bounded by ``max_hold``: past
+        it, the lease is extended only up to the bound, then no further (returns False).
+        A failed extension marks the lease lost -- keep the work fenced or stop.
+        """
+        new_ttl = self.ttl if ttl is None else self._owner._lease_ttl(ttl)
+        with self._lock:
+            if self._released or self._lost_reason is not None:
+                return False
+            deadline, lost = self._owner._extend_lease(self, new_ttl)
+            if deadline is not None:
+                self._deadline = deadline
+                self.extensions += 1
+            callbacks = list(self._on_extended)
+        if deadline is None:
+            if lost is not None:
+                self.mark_lost(lost)
+            return False
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lock_extended callback failed for %s", self.key)
+        return True
+
+    def release(self) -> None:
+        """Delete the key on all nodes where it still holds our token. Idempotent.
+
+        Waits for a majority to answer at most (never for hung nodes): the others
+        get the command too and the next round on their connections reads the reply.
+        """
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._owner._release_lease(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

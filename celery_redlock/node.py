@@ -1,0 +1,234 @@
+"""One Redis master: where it is, how to greet it, and its idle connections.
+
+``Node`` turns a URL (``redis://``, ``rediss://``, ``unix://``) or a ``redis.Redis``
+client into what a connection needs: the address (resolved once, again after a
+refusal), the TLS context built exactly as redis-py's ``SSLConnection`` would, and
+the handshake bytes. It keeps the idle connections between rounds (``checkout`` /
+``checkin``; a connection found out of step is closed, never reused) and a plain
+redis-py client for inspection (holder, doctor, CLI), which lock operations never use.
+
+Fork safety is the caller's: ``reset`` drops the connections (nodes.py calls it in a
+forked child). Must not import nodes.py, redlock.py or Celery.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import ssl
+from collections import deque
+from typing import Any, Final, Optional
+from urllib.parse import urlsplit
+
+import redis
+from redis import exceptions as rexc
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+
+from .connection import MIN_OWED_AGE, READY, Connection, handshake
+from .errors import ConfigurationError
+
+__all__ = ["Node", "redact"]
+
+
+_ACCEPTED_URLS: Final = (
+    "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
+    "(TLS) or unix:///path/to/socket[?db=N]"
+)
+
+
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for errors and logs)."""
+    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
+def _node_kwargs(spec: object, index: int) -> dict[str, Any]:
+    if isinstance(spec, str):
+        shown = redact(spec)
+        try:
+            kwargs = parse_url(spec)  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            detail = str(exc).replace(spec, shown)
+            raise ConfigurationError(
+                f"nodes[{index}]: {shown!r} is not a Redis URL ({detail}); {_ACCEPTED_URLS}"
+            ) from None
+        if "path" not in kwargs and not kwargs.get("host"):
+            raise ConfigurationError(f"nodes[{index}]: {shown!r} has no host; {_ACCEPTED_URLS}")
+        db = urlsplit(spec).path.strip("/")
+        if not spec.startswith("unix:") and db and not db.isdigit():
+            # redis-py drops a path it cannot read as a db and would lock in db 0.
+            raise ConfigurationError(
+                f"nodes[{index}]: {shown!r}: the db must be a number, got {db!r}"
+            )
+        return dict(kwargs)
+    if isinstance(spec, redis.Redis):
+        pool = spec.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        kwargs["connection_class"] = pool.connection_class
+        return kwargs
+    raise ConfigurationError(
+        f"nodes[{index}]: expected a Redis URL (str) or a redis.Redis client, "
+        f"got {type(spec).__name__}"
+    )
+
+
+class Node:
+    """One Redis master: where it is, how to greet it, and its idle connections."""
+
+    def __init__(self, spec: object, index: int = 0, name: Optional[str] = None) -> None:
+        kwargs = _node_kwargs(spec, index)
+        self._kwargs = kwargs
+        self.path: Optional[str] = kwargs.get("path")
+        self.host: str = kwargs.get("host") or "localhost"
+        self.port: int = int(kwargs.get("port") or 6379)
+        self.db: int = int(kwargs.get("db") or 0)
+        cls = kwargs.get("connection_class")
+        self.tls = isinstance(cls, type) and issubclass(cls, SSLConnection)
+        if cls is not None and issubclass(cls, UnixDomainSocketConnection):
+            self.path = self.path or kwargs.get("path")
+        if self.path:
+            self.address = f"unix:{self.path}/{self.db}"
+        else:
+            self.address = f"{self.host}:{self.port}/{self.db}"
+        self.name = name or self.address
+        self.ssl_context: Optional[ssl.SSLContext] = None
+        self.server_hostname: Optional[str] = None
+        if self.tls:
+            self.ssl_context, self.server_hostname = _ssl_settings(kwargs, index)
+        #: Sent ahead of a new connection's first command (see connection.handshake).
+        self.handshake = handshake(kwargs.get("username"), kwargs.get("password"), self.db)
+        self._sockaddr: Optional[tuple[int, Any]] = None
+        self._idle: deque[Connection] = deque()
+        self._client: Optional[redis.Redis] = None
+        self._given_client = spec if isinstance(spec, redis.Redis) else None
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """What makes two entries the same server (for the duplicate check)."""
+        if self.path:
+            return ("unix", os.path.realpath(self.path))
+        host = self.host.lower()
+        if host in ("localhost", "::1", "0.0.0.0"):
+            host = "127.0.0.1"
+        return ("tcp", host, str(self.port))
+
+    def __repr__(self) -> str:
+        return f"<Node {self.address}>"
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client for this node, for inspection (holder, doctor, CLI).
+
+        Lock operations never use it: they go through rounds.
+        """
+        if self._client is None:
+            if self._given_client is not None:
+                self._client = self._given_client
+            else:
+                kwargs = {k: v for k, v in self._kwargs.items() if k != "connection_class"}
+                pool = redis.ConnectionPool(
+                    connection_class=self._kwargs.get("connection_class", redis.Connection),
+                    socket_timeout=5.0,
+                    socket_connect_timeout=5.0,
+                    **kwargs,
+                )
+                self._client = redis.Redis(connection_pool=pool)
+        return self._client
+
+    def _resolve(self) -> tuple[int, Any]:
+        if self.path:
+            return socket.AF_UNIX, self.path
+        if self._sockaddr is None:
+            # Resolved once and cached: getaddrinfo blocks, and for an IP literal
+            # or /etc/hosts name it is instant anyway.
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            family, _, _, _, sockaddr = infos[0]
+            self._sockaddr = (family, sockaddr)
+        return self._sockaddr
+
+    def forget_address(self) -> None:
+        """Resolve the host again on the next connect (it may have moved)."""
+        if not self.path:
+            self._sockaddr = None
+
+    def connect(self, now: float) -> Connection:
+        """A new connection being set up. Raises ``redis.ConnectionError``."""
+        try:
+            family, sockaddr = self._resolve()
+        except OSError as exc:
+            raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
+        return Connection(self, family, sockaddr, now)
+
+    def checkout(
+        self, connect: bool, now: float, owed_age: float = MIN_OWED_AGE
+    ) -> Optional[Connection]:
+        """An idle connection, or a new one being set up (``None`` when ``connect`` is
+        false and there is no idle one). Raises ``redis.ConnectionError``."""
+        idle = self._idle
+        while True:
+            try:
+                conn = idle.pop()  # deque.pop / append are atomic: no lock needed
+            except IndexError:
+                break
+            if not conn.expect and conn.state == READY:
+                return conn  # in step, nothing owed: the usual case
+            if conn.usable(now, owed_age):
+                return conn
+            conn.close()
+        return self.connect(now) if connect else None
+
+    def checkin(self, conn: Connection, now: float) -> None:
+        """Take back a connection after a round: in step, or closed."""
+        if conn.park(now):
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def reset(self) -> None:
+        """Forget every idle connection (after a fork they belong to the parent)."""
+        idle, self._idle = self._idle, deque()
+        for conn in idle:
+            conn.close()
+        self._client = self._given_client
+
+
+def _ssl_settings(kwargs: dict[str, Any], index: int) -> tuple[ssl.SSLContext, Optional[str]]:
+    """Build the TLS context exactly as redis-py's SSLConnection would."""
+    conn_kwargs = {k: v for k, v in kwargs.items() if k != "connection_class"}
+    try:
+        model = SSLConnection(**conn_kwargs)
+    except (TypeError, ValueError, rexc.RedisError) as exc:
+        raise ConfigurationError(
+            f"nodes[{index}]: invalid TLS settings ({exc}); ssl_cert_reqs accepts "
+            "none, optional or required"
+        ) from None
+    context = ssl.create_default_context()
+    context.check_hostname = bool(model.check_hostname)
+    context.verify_mode = model.cert_reqs
+    try:
+        if model.certfile or model.keyfile:
+            context.load_cert_chain(
+                certfile=model.certfile, keyfile=model.keyfile, password=model.certificate_password
+            )
+        if model.ca_certs is not None or model.ca_path is not None or model.ca_data is not None:
+            context.load_verify_locations(
+                cafile=model.ca_certs, capath=model.ca_path, cadata=model.ca_data
+            )
+    except (OSError, ssl.SSLError) as exc:
+        files = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("ssl_ca_certs", model.ca_certs),
+                ("ssl_ca_path", model.ca_path),
+                ("ssl_certfile", model.certfile),
+                ("ssl_keyfile", model.keyfile),
+            )
+            if value
+        )
+        raise ConfigurationError(
+            f"nodes[{index}]: cannot load the TLS files ({files}): {exc}"
+        ) from None
+    if model.ssl_min_version is not None:
+        context.minimum_version = model.ssl_min_version
+    if model.ssl_ciphers:
+        context.set_ciphers(model.ssl_ciphers)
+    return context, model.host

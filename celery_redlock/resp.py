@@ -1,0 +1,131 @@
+"""The RESP2 codec: commands to bytes, bytes to replies.
+
+``pack`` encodes one command; ``Command`` is one script call packed once (EVALSHA,
+with the ``*N EVALSHA <sha> <numkeys>`` prefix cached per script and shape, since a
+lock operation packs one per round) and its EVAL fallback for a node that answered
+NOSCRIPT. ``parse`` reads one reply from a buffer and says when it needs more bytes;
+an error reply comes back as an *instance* of redis-py's error class for it (errors
+are data here, not control flow).
+
+Pure functions over bytes: no sockets, no clock. Imports redis-py's exception
+classes and scripts.py's ``Script`` only; nothing else from the package.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Sequence, Union
+
+from redis import exceptions as rexc
+
+from .scripts import Script
+
+__all__ = ["INCOMPLETE", "Command", "pack", "parse"]
+
+
+def pack(*args: Union[bytes, str, int]) -> bytes:
+    """RESP-encode one command."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+_EVALSHA_PREFIXES: dict[tuple[str, int, int], bytes] = {}
+
+
+def _evalsha_prefix(script: Script, numkeys: int, argc: int) -> bytes:
+    """``*N EVALSHA <sha> <numkeys>`` packed once per script and shape (hot path)."""
+    shape = (script.sha, numkeys, argc)
+    prefix = _EVALSHA_PREFIXES.get(shape)
+    if prefix is None:
+        prefix = pack(b"EVALSHA", script.sha, numkeys)
+        prefix = b"*%d" % (3 + numkeys + argc) + prefix[prefix.index(b"\r\n") :]
+        _EVALSHA_PREFIXES[shape] = prefix
+    return prefix
+
+
+class Command:
+    """One script call, packed once and sent to every node of a round."""
+
+    __slots__ = ("_args", "_keys", "payload", "script")
+
+    def __init__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Union[bytes, str, int]]
+    ) -> None:
+        self.script = script
+        self._keys = tuple(keys)
+        self._args = tuple(args)
+        body = pack(*self._keys, *self._args)
+        self.payload = (
+            _evalsha_prefix(script, len(self._keys), len(self._args))
+            + body[body.index(b"\r\n") + 2 :]
+        )
+
+    def fallback(self) -> bytes:
+        """The same call as EVAL, for a node that answered NOSCRIPT."""
+        return pack(b"EVAL", self.script.source, len(self._keys), *self._keys, *self._args)
+
+
+class _Incomplete:
+    def __repr__(self) -> str:
+        return "INCOMPLETE"
+
+
+#: What ``parse`` returns when the buffer does not hold a whole reply yet.
+INCOMPLETE: Final = _Incomplete()
+
+_ERROR_CLASSES: Final[dict[str, type[rexc.RedisError]]] = {
+    "NOSCRIPT": rexc.NoScriptError,
+    "NOAUTH": rexc.AuthenticationError,
+    "WRONGPASS": rexc.AuthenticationError,
+    "NOPERM": rexc.NoPermissionError,
+    "READONLY": rexc.ReadOnlyError,
+    "LOADING": rexc.BusyLoadingError,
+    "OOM": rexc.OutOfMemoryError,
+}
+
+
+def _error(line: bytes) -> rexc.RedisError:
+    text = line.decode("utf-8", "replace")
+    cls = _ERROR_CLASSES.get(text.split(" ", 1)[0], rexc.ResponseError)
+    return cls(text)
+
+
+def parse(buf: Union[bytes, bytearray], pos: int) -> tuple[object, int]:
+    """Parse one RESP2 reply at ``pos``; ``(INCOMPLETE, pos)`` when more bytes are needed.
+
+    Returns the reply and the position just past it. Errors come back as exception
+    *instances*; an unknown reply type raises ``redis.InvalidResponse``.
+    """
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return INCOMPLETE, pos
+    kind = buf[pos]
+    line = bytes(buf[pos + 1 : end])
+    nxt = end + 2
+    if kind == 0x3A:  # ':' integer
+        return int(line), nxt
+    if kind == 0x24:  # '$' bulk string
+        size = int(line)
+        if size < 0:
+            return None, nxt
+        if len(buf) < nxt + size + 2:
+            return INCOMPLETE, pos
+        return bytes(buf[nxt : nxt + size]), nxt + size + 2
+    if kind == 0x2A:  # '*' array
+        count = int(line)
+        if count < 0:
+            return None, nxt
+        items: list[object] = []
+        for _ in range(count):
+            item, nxt = parse(buf, nxt)
+            if item is INCOMPLETE:
+                return INCOMPLETE, pos
+            items.append(item)
+        return items, nxt
+    if kind == 0x2B:  # '+' simple string
+        return line, nxt
+    if kind == 0x2D:  # '-' error
+        return _error(line), nxt
+    raise rexc.InvalidResponse(f"unexpected reply type {chr(kind)!r}")

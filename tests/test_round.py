@@ -1,0 +1,95 @@
+"""The round's state machine on its own: events in, decision and results out.
+
+Pure logic (no sockets, no clock), so no servers here: the rounds over real nodes
+are proven in test_redlock.py and test_faults.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from redis import exceptions as rexc
+
+from celery_redlock.round import NOT_AWAITED, Round
+
+NAMES = ["n0", "n1", "n2", "n3", "n4"]
+
+
+def _is_one(reply: object) -> bool:
+    return reply == 1
+
+
+def test_decided_once_a_quorum_says_yes_and_the_rest_are_not_awaited() -> None:
+    tally = Round(5, _is_one, enough_yes=3, enough_no=3)
+    for i in (4, 0):
+        assert tally.replied(i, 1) is False
+        assert not tally.decided
+    assert tally.awaited == [1, 2, 3]
+    tally.replied(2, 1)
+    assert tally.decided
+    assert tally.finish() == [1, NOT_AWAITED, 1, NOT_AWAITED, 1]
+
+
+def test_decided_once_a_quorum_can_no_longer_say_yes() -> None:
+    tally = Round(5, _is_one, enough_yes=3, enough_no=3)
+    refused = [b"holder", 1000]
+    tally.replied(0, refused)
+    tally.replied(1, 1)
+    down = rexc.ConnectionError("n3: connection refused")
+    tally.failed(3, down)
+    assert not tally.decided
+    tally.replied(4, rexc.ResponseError("ERR script error"))  # an error reply is a no
+    assert tally.decided and (tally.yes, tally.no) == (1, 3)
+    results = tally.finish()
+    assert results[0] is refused and results[3] is down and results[2] is NOT_AWAITED
+
+
+def test_failures_at_send_time_can_decide_before_any_reply() -> None:
+    tally = Round(3, _is_one, enough_yes=2, enough_no=2)
+    tally.failed(0, rexc.ConnectionError("n0"))
+    tally.failed(1, rexc.ConnectionError("n1"))
+    assert tally.decided
+    assert tally.finish()[2] is NOT_AWAITED
+
+
+def test_noscript_asks_for_a_resend_as_eval_and_keeps_the_node_awaited() -> None:
+    tally = Round(3, _is_one, enough_yes=2, enough_no=2)
+    assert tally.replied(1, rexc.NoScriptError("NOSCRIPT No matching script")) is True
+    assert tally.awaiting(1) and (tally.yes, tally.no) == (0, 0)
+    assert tally.replied(1, 1) is False
+    assert not tally.awaiting(1) and tally.yes == 1
+
+
+def test_without_thresholds_every_node_is_heard() -> None:
+    tally = Round(3)  # is_yes=bool, never decided early
+    for i, reply in enumerate([0, b"", [b"v", 5]]):
+        tally.replied(i, reply)
+        assert not tally.decided
+    assert tally.awaited == []
+    assert tally.finish() == [0, b"", [b"v", 5]]
+
+
+def test_deadline_times_out_exactly_the_nodes_still_awaited() -> None:
+    tally = Round(5, _is_one, enough_yes=3, enough_no=3)
+    tally.replied(0, 1)
+    tally.failed(1, rexc.ConnectionError("n1: refused"))
+    tally.deadline_passed(NAMES, 0.05)
+    results = tally.finish()
+    assert results[0] == 1 and isinstance(results[1], rexc.ConnectionError)
+    for i in (2, 3, 4):
+        error = results[i]
+        assert isinstance(error, rexc.TimeoutError)
+        assert str(error) == f"{NAMES[i]}: no reply within 50 ms"
+
+
+@pytest.mark.parametrize(("enough_yes", "enough_no"), [(0, 3), (3, 0)])
+def test_a_threshold_of_zero_is_decided_from_the_start(enough_yes: int, enough_no: int) -> None:
+    tally = Round(5, _is_one, enough_yes=enough_yes, enough_no=enough_no)
+    assert tally.decided
+    assert tally.finish() == [NOT_AWAITED] * 5
+
+
+def test_the_round_module_does_no_io() -> None:
+    import celery_redlock.round as round_module
+
+    names = set(vars(round_module))
+    assert not names & {"socket", "select", "selectors", "ssl", "time", "asyncio"}
