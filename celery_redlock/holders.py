@@ -80,10 +80,16 @@ if hasattr(os, "register_at_fork"):
 
 
 def split_value(value: object) -> tuple[Optional[str], Optional[str]]:
-    """Stored value -> (token, holder). The token is url-safe base64: never a '|'."""
-    if not isinstance(value, bytes):
+    """Stored value -> (token, holder). The token is url-safe base64: never a '|'.
+
+    Takes the raw bytes of a round's reply, or text from a client that decodes replies.
+    """
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "replace")
+    elif isinstance(value, str):
+        text = value
+    else:
         return None, None
-    text = value.decode("utf-8", "replace")
     token, _, holder = text.partition("|")
     return token, holder or None
 

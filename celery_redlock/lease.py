@@ -17,6 +17,7 @@ import threading
 from datetime import timedelta
 from typing import Any, Callable, Optional, Protocol, Union
 
+from . import validate
 from .errors import LockLost
 
 __all__ = ["Duration", "Lease", "LeaseOwner"]
@@ -28,9 +29,6 @@ Duration = Union[float, int, timedelta]
 
 class LeaseOwner(Protocol):
     """What a lease asks of the lock that granted it."""
-
-    def _lease_ttl(self, ttl: Duration) -> float:
-        """``ttl`` as seconds, or a ConfigurationError naming it."""
 
     def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
         """One extension round: ``(new deadline, None)`` when extended, ``(None,
@@ -161,7 +159,7 @@ class Lease:
         it, the lease is extended only up to the bound, then no further (returns False).
         A failed extension marks the lease lost -- keep the work fenced or stop.
         """
-        new_ttl = self.ttl if ttl is None else self._owner._lease_ttl(ttl)
+        new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         with self._lock:
             if self._released or self._lost_reason is not None:
                 return False

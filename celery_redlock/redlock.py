@@ -23,17 +23,15 @@ import it; lease.py, holders.py and watchdog.py must not import this module.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import secrets
 import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Callable, Iterator, Optional, Sequence
 
-from . import scripts
+from . import scripts, validate
 from .errors import ConfigurationError, LockContended, QuorumUnavailable
 from .holders import (
     FENCE,
@@ -79,52 +77,6 @@ CLOCK_PRECISION = 0.002
 def quorum(n: int) -> int:
     """How many of ``n`` nodes make a majority."""
     return n // 2 + 1
-
-
-def _seconds(name: str, value: object, *, allow_none: bool = False) -> Optional[float]:
-    """A duration argument as float seconds, or a ConfigurationError naming it."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(
-            f"{name} must be a number of seconds (int, float or timedelta), "
-            f"got {type(value).__name__}: {value!r}"
-        )
-    if not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def _positive(name: str, value: object) -> float:
-    seconds = _seconds(name, value)
-    assert seconds is not None
-    if seconds <= 0:
-        raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
-    return seconds
-
-
-def _check_text(name: str, value: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigurationError(
-            f"{name} must be text that UTF-8 can encode, got {value!r} ({exc.reason} at "
-            f"position {exc.start})"
-        ) from None
-
-
-def _check_key(key: object) -> str:
-    if not isinstance(key, str) or not key:
-        raise ConfigurationError(f"key must be a non-empty str, got {type(key).__name__}: {key!r}")
-    if INTERNAL in key:
-        raise ConfigurationError(
-            f"key must not contain NUL ('\\x00'), got {key!r}: it separates a lock key from "
-            "the lock's own keys (fence counters, release tombstones)"
-        )
-    _check_text("key", key)
-    return key
 
 
 def release_command(key: str, value: str, ttl: float) -> Command:
@@ -200,32 +152,18 @@ class Redlock:
             )
         if not nodes:
             raise ConfigurationError("nodes must list at least one Redis master, got none")
-        self.ttl = _positive("ttl", ttl)
-        self.node_timeout = _positive("node_timeout", node_timeout)
+        self.ttl = validate.seconds("ttl", ttl)
+        self.node_timeout = validate.seconds("node_timeout", node_timeout)
         if self.node_timeout >= self.ttl:
             raise ConfigurationError(
                 f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
                 "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
             )
-        if (
-            isinstance(drift_factor, bool)
-            or not isinstance(drift_factor, (int, float))
-            or not 0 <= drift_factor < 1
-        ):
-            raise ConfigurationError(
-                f"drift_factor must be a number in [0, 1), got {drift_factor!r}"
-            )
-        self.drift_factor = float(drift_factor)
-        if isinstance(retry_count, bool) or not isinstance(retry_count, int) or retry_count < 0:
-            raise ConfigurationError(f"retry_count must be an int >= 0, got {retry_count!r}")
-        self.retry_count = retry_count
-        delay = _seconds("retry_delay", retry_delay)
-        assert delay is not None
-        if delay < 0:
-            raise ConfigurationError(f"retry_delay must be >= 0 seconds, got {retry_delay!r}")
-        self.retry_delay = delay
+        self.drift_factor = validate.fraction("drift_factor", drift_factor)
+        self.retry_count = validate.count("retry_count", retry_count)
+        self.retry_delay = validate.seconds("retry_delay", retry_delay, minimum=">= 0")
         self.fencing = bool(fencing)
-        self.max_hold = None if max_hold is None else _positive("max_hold", max_hold)
+        self.max_hold = None if max_hold is None else validate.seconds("max_hold", max_hold)
         self._clock = clock
         self._sleep = sleep
         self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
@@ -316,19 +254,17 @@ class Redlock:
         timeout: Optional[Duration],
         holder: Optional[str],
     ) -> _Attempt:
-        key = _check_key(key)
-        lease_ttl = self.ttl if ttl is None else _positive("ttl", ttl)
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         if lease_ttl <= self.node_timeout:
             raise ConfigurationError(
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
-        limit = _seconds("timeout", timeout, allow_none=True)
-        if limit is not None and limit < 0:
-            raise ConfigurationError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
         if holder is not None and (not isinstance(holder, str) or "\n" in holder):
             raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
         if holder is not None:
-            _check_text("holder", holder)
+            validate.utf8_text("holder", holder)
         who = holder or default_holder()
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
@@ -473,12 +409,9 @@ class Redlock:
             raise ConfigurationError(
                 f"value must be a lease's stored value, a 'token|holder' str, got {value!r}"
             )
-        self._release(_check_key(key), value, self.ttl)
+        self._release(validate.lock_key_name(key, reserved=INTERNAL), value, self.ttl)
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
-
-    def _lease_ttl(self, ttl: Duration) -> float:
-        return _positive("ttl", ttl)
 
     def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
         """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
@@ -532,7 +465,7 @@ class Redlock:
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""
-        key = _check_key(key)
+        key = validate.lock_key_name(key, reserved=INTERNAL)
         results = self._nodes.round(Command(scripts.HOLDER, [key], []), self.node_timeout)
         holdings = []
         for node, reply in zip(self._nodes.nodes, results):

@@ -23,8 +23,7 @@ _T = TypeVar("_T")
 
 def configured_nodes(lock: Redlock) -> list[Node]:
     """The lock's nodes, in configured order."""
-    # switched to lock.node_set at merge
-    return list(lock._nodes.nodes)
+    return list(lock.node_set.nodes)
 
 
 def on_each_node(
@@ -69,14 +68,6 @@ def text(value: object) -> Optional[str]:
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def split_value(value: str) -> tuple[str, Optional[str]]:
-    """A stored lock value ``token|holder`` -> (token, holder or None)."""
-    # Not redlock._split_value: that one takes bytes only, and the CLI also reads
-    # through clients that decode replies.
-    token, _, holder = value.partition("|")
-    return token, holder or None
 
 
 def error_text(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..holders import split_value
 from ..nodes import Node
 from ..redlock import HolderInfo, NodeHolding, Redlock
 from .common import (
@@ -20,7 +21,6 @@ from .common import (
     lock_keys,
     on_each_node,
     prefix_match,
-    split_value,
     text,
 )
 
@@ -112,7 +112,7 @@ def read_holdings(node: Node, keys: Sequence[str]) -> list[NodeHolding]:
         if isinstance(value, BaseException):
             holdings.append(NodeHolding(node.address, error=value))
             continue
-        token, holder = (None, None) if value is None else split_value(text(value) or "")
+        token, holder = split_value(value)
         ttl = pttl / 1000.0 if isinstance(pttl, int) and pttl >= 0 else None
         holdings.append(NodeHolding(node.address, token, holder, ttl))
     return holdings

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import scripts
+from ..holders import split_value
 from ..nodes import Node
 from ..redlock import tombstone
-from .common import error_text, on_each_node, split_value, text
+from .common import error_text, on_each_node, text
 
 # What a release did on one node.
 DELETED = "deleted"
@@ -55,6 +56,7 @@ def release_with_token(node: Node, key: str, token: str) -> NodeRelease:
         return NodeRelease(node.address, ABSENT)
     stored = text(value) or ""
     stored_token, holder = split_value(stored)
+    stored_token = stored_token or ""
     wanted = stored if "|" in token else stored_token
     if wanted != token:
         return NodeRelease(node.address, OTHER_HOLDER, holder, stored_token)
@@ -72,7 +74,7 @@ def force_release(node: Node, key: str) -> NodeRelease:
     value, deleted = pipe.execute()
     if not deleted:
         return NodeRelease(node.address, ABSENT)
-    stored_token, holder = split_value(text(value) or "")
+    stored_token, holder = split_value(value)
     return NodeRelease(node.address, DELETED, holder, stored_token)
 
 
