@@ -338,6 +338,12 @@ def _renewal_trial(
     key, foreign_key = f"renewed:{trial}", f"foreign:{trial}"
     foreign = setup.foreigner.acquire(foreign_key, blocking=False)
     assert foreign is not None
+    # acquire() returns once a quorum answered: the last SETs may still be on their
+    # way. The reference reading waits until every node has the key.
+    give_up = time.monotonic() + PATIENCE
+    while not all(client.get(foreign_key) == foreign.value.encode() for client in setup.direct):
+        assert time.monotonic() < give_up, f"{foreign_key} never reached every node"
+        time.sleep(0.001)
     foreign_before = _expiries(setup.direct, foreign_key)
     extended: list[tuple[int, float]] = []
     lost: list[tuple[int, float, Optional[str]]] = []
