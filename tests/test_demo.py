@@ -357,9 +357,16 @@ def test_the_demo_runs_with_one_holder_per_key_and_leaves_no_process(tmp_path: P
     print(f"[demo --duration 6] {took:.1f}s end to end")
 
 
+def _sigint_default() -> None:
+    # A process started in the background by a non-interactive shell (a CI script's
+    # `cmd &`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt:
+    # the demo gets Ctrl-C's default, whoever started pytest.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> None:
-    demo = _demo(tmp_path, "--duration", "120")
+    demo = _demo(tmp_path, "--duration", "120", preexec_fn=_sigint_default)
     lines: list[str] = []
     try:
         assert demo.stdout is not None

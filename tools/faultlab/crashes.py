@@ -12,8 +12,8 @@ from typing import Optional
 from celery_redlock import Lease, QuorumUnavailable, Redlock
 
 from .lab import (
-    ATTEMPT_SLACK,
     NODE_TIMEOUT,
+    PATIENCE,
     Fleet,
     Lab,
     RowResult,
@@ -33,7 +33,10 @@ def contention(
     lab: Lab, seed: int, seconds: float = 8.0, processes: int = 6, keys: int = 3
 ) -> RowResult:
     """Processes fight over a few keys with random holds, expiries, late releases and
-    watchdog renewals; a scanner checks that every lock key and tombstone has a TTL."""
+    watchdog renewals; a scanner checks that every lock key and tombstone has a TTL.
+
+    Runs ``seconds``, then on until every key was won and there were 20 grants per
+    key (a loaded machine takes longer to get there; the row does not count on it)."""
     rng = random.Random(seed)
     cluster = lab.make_cluster(5)
     observer = lab.make_server()
@@ -60,9 +63,15 @@ def contention(
             )
         )
     scanner = TtlScanner(cluster.urls).start()
+    wanted = 20 * keys
     try:
-        start = fleet.go(seconds)
-        problems = fleet.join(timeout=seconds + 30)
+        start = fleet.go(seconds + PATIENCE)
+        time.sleep(seconds)
+        fleet.wait_for(
+            lambda seen: seen.acquisitions >= wanted and len({w.key for w in seen.windows}) == keys
+        )
+        fleet.stop()
+        problems = fleet.join(timeout=30)
     finally:
         scanner.stop()
         fleet.close()
@@ -82,7 +91,8 @@ def contention(
         scanner_sweeps=scanner.sweeps,
     )
     result.expect(
-        report.acquisitions >= 20 * keys, f"only {report.acquisitions} acquisitions (starved?)"
+        report.acquisitions >= wanted,
+        f"only {report.acquisitions} acquisitions in {PATIENCE + seconds:g}s (starved?)",
     )
     result.expect(len(per_key) == keys, f"some key was never won: {dict(per_key)}")
     result.expect(not scanner.without_ttl, f"keys without a TTL: {scanner.without_ttl[:10]}")
@@ -96,7 +106,8 @@ def contention(
 
 def minority_crash(lab: Lab, seed: int, phase: float = 1.5) -> RowResult:
     """SIGKILL 2 of 5 nodes during a stream; restart them empty once more than a TTL
-    has passed. No overlaps, and grants before, during and after."""
+    has passed. No overlaps, and grants before, during and after: each phase lasts
+    about ``phase`` seconds and then until it has seen 3 grants."""
     rng = random.Random(seed)
     cluster = lab.make_cluster(5)
     observer = lab.make_server()
@@ -122,19 +133,27 @@ def minority_crash(lab: Lab, seed: int, phase: float = 1.5) -> RowResult:
         )
     victims = sorted(rng.sample(range(5), 2))
     down_for = ttl * rng.uniform(2.0, 3.0)
+    wanted = 3
+
+    def enough_since(since: int) -> bool:
+        return fleet.wait_for(lambda seen: len(seen.granted_between(since, now_ns())) >= wanted)
+
     try:
-        start = fleet.go(60.0)
+        start = fleet.go(phase * 3 + down_for + PATIENCE * 3)
         time.sleep(phase * rng.uniform(0.8, 1.2))
+        enough_since(start)
         killed = now_ns()
         for index in victims:
             cluster[index].kill()
         killed_all = now_ns()
         time.sleep(max(0.0, killed / NS + down_for - time.monotonic()))
+        enough_since(killed_all)  # 3 of 5 are enough
         restarting = now_ns()
         for index in victims:
             cluster[index].restart(keep_data=False)
         restarted = now_ns()
         time.sleep(phase)
+        enough_since(restarted)
         stopped = now_ns()
         fleet.stop()
         problems = fleet.join()
@@ -157,7 +176,7 @@ def minority_crash(lab: Lab, seed: int, phase: float = 1.5) -> RowResult:
     )
     result.expect(restarting - killed > ttl * NS, "the restart was not delayed past the TTL")
     for name, count in phases.items():
-        result.expect(count >= 3, f"only {count} grants in phase {name!r}")
+        result.expect(count >= wanted, f"only {count} grants in phase {name!r}")
     return result
 
 
@@ -168,10 +187,14 @@ def restart_control(lab: Lab, seed: int, delayed: bool) -> RowResult:
     """Two clients steered to quorums that share one node, which crashes and comes back
     empty: at once (unsafe -- the checker must see the overlap) or after > TTL (safe).
 
-    A reaches {shared, a1, a2}; B reaches {shared, b1, b2}.
+    A reaches {shared, a1, a2}; B reaches {shared, b1, b2}. B tries until it wins: in
+    the immediate case for as long as A is valid (A's lease is 30 s, so however long
+    the restart takes on a loaded machine, B's win falls inside it: the overlap is
+    there by construction); in the delayed case until PATIENCE after the restart.
     """
     rng = random.Random(seed)
     ttl = 1.5
+    ttl_a = ttl if delayed else 30.0
     cluster = lab.make_cluster(5)
     order = list(range(5))
     rng.shuffle(order)
@@ -182,7 +205,7 @@ def restart_control(lab: Lab, seed: int, delayed: bool) -> RowResult:
         proxies_a[index].blackhole()
     for index in only_a:
         proxies_b[index].blackhole()
-    client_a = Redlock([p.url for p in proxies_a], ttl=ttl, node_timeout=NODE_TIMEOUT)
+    client_a = Redlock([p.url for p in proxies_a], ttl=ttl_a, node_timeout=NODE_TIMEOUT)
     client_b = Redlock([p.url for p in proxies_b], ttl=ttl, node_timeout=NODE_TIMEOUT)
     directory = lab.scratch("control-delayed" if delayed else "control-immediate")
     log_a = OracleLog(directory / "A.jsonl", "A")
@@ -211,12 +234,16 @@ def restart_control(lab: Lab, seed: int, delayed: bool) -> RowResult:
         cluster[shared].restart(keep_data=False)
     restarted: Optional[int] = now_ns() if not delayed else None
     lease_b: Optional[Lease] = None
-    give_up = time.monotonic() + (ttl * 3 if delayed else 1.0)
     restart_at = killed / NS + ttl * rng.uniform(1.2, 1.5)
+    if delayed:
+        give_up = restart_at + PATIENCE
+    else:
+        give_up = lease_a.deadline if lease_a is not None else time.monotonic()
     while lease_b is None and time.monotonic() < give_up:
         if restarted is None and time.monotonic() >= restart_at:
             cluster[shared].restart(keep_data=False)
             restarted = now_ns()
+            give_up = restarted / NS + PATIENCE
         lease_b = attempt(client_b, log_b)
         if lease_b is None:
             time.sleep(0.02)
@@ -266,13 +293,19 @@ def restart_control(lab: Lab, seed: int, delayed: bool) -> RowResult:
 
 def quorum_loss(lab: Lab, seed: int, phase: float = 1.0) -> RowResult:
     """SIGSTOP 3 of 5 during a stream: no grants while they are stopped, each attempt
-    ends within about node_timeout, and once they continue, the SETs they had queued
-    are cleaned up or expire: nothing is left a TTL after the stream."""
+    ends after one node_timeout, not several (under 2 x node_timeout), and once they
+    continue, the SETs they had queued are cleaned up or expire: nothing is left a TTL
+    after the stream.
+
+    node_timeout is 0.5 s here, so a loaded machine's scheduling delays stay small
+    beside it; the stall lasts 8-12 node timeouts, so each holder makes several
+    attempts inside it."""
     rng = random.Random(seed)
     cluster = lab.make_cluster(5)
     fleet = Fleet(lab.scratch("quorum-loss"))
     names = ["stall:a", "stall:b"]
     ttl = 1.0
+    node_timeout = 0.5
     for i in range(3):
         fleet.spawn(
             stream_config(
@@ -282,17 +315,17 @@ def quorum_loss(lab: Lab, seed: int, phase: float = 1.0) -> RowResult:
                 urls=cluster.urls,
                 keys=names,
                 ttl=ttl,
-                node_timeout=NODE_TIMEOUT,
+                node_timeout=node_timeout,
                 hold=(0.0, 0.02),
                 wait=(0.0, 0.0),
                 idle=(0.005, 0.02),
             )
         )
     victims = sorted(rng.sample(range(5), 3))
-    stall = rng.uniform(1.0, 2.0)
+    stall = node_timeout * rng.uniform(8, 12)
     scanner = TtlScanner(cluster.urls).start()
     try:
-        start = fleet.go(60.0)
+        start = fleet.go(phase * 2 + stall + PATIENCE * 2)
         time.sleep(phase)
         for index in victims:
             cluster[index].pause()
@@ -307,9 +340,11 @@ def quorum_loss(lab: Lab, seed: int, phase: float = 1.0) -> RowResult:
             index: [key_text(k) for k in cluster[index].client().keys("*")] for index in victims
         }
         time.sleep(phase)
+        fleet.wait_for(lambda seen: bool(seen.granted_between(resuming, now_ns())))
         stopped = now_ns()
         fleet.stop()
         problems = fleet.join()
+        # Every holder has exited: their last SETs expire within a TTL of now.
         time.sleep(ttl + 0.2)
         left = leftover_keys(cluster.urls)
     finally:
@@ -343,10 +378,8 @@ def quorum_loss(lab: Lab, seed: int, phase: float = 1.0) -> RowResult:
         f"attempts during the stall that did not report QuorumUnavailable: "
         f"{dict(Counter(a.outcome for a in during))}",
     )
-    slow = [e for e in elapsed if e > NODE_TIMEOUT + ATTEMPT_SLACK]
-    result.expect(
-        not slow, f"{len(slow)} attempts took longer than node_timeout + slack: {slow[:5]}"
-    )
+    slow = [e for e in elapsed if e >= 2 * node_timeout]
+    result.expect(not slow, f"{len(slow)} attempts took 2 x node_timeout or more: {slow[:5]}")
     result.expect(result.metrics["grants_after"] > 0, "no grant after the stopped nodes continued")
     result.expect(not left, f"keys left a TTL after the stream: {left}")
     result.expect(not scanner.without_ttl, f"keys without a TTL: {scanner.without_ttl[:10]}")

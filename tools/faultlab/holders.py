@@ -24,7 +24,7 @@ from typing import Optional, Union
 
 import redis
 
-from .oracle import NS, OracleLog, now_ns, store_write
+from .oracle import NS, OracleLog, RecordingClock, now_ns, store_write
 
 __all__ = ["ProbeConfig", "StreamConfig", "run_probe", "run_stream", "select_sleep"]
 
@@ -127,6 +127,7 @@ def run_stream(config: StreamConfig) -> None:
     log = OracleLog(config.log_path, config.label)
     log.start(seed=config.seed)
     sleep = select_sleep if config.select_sleep else time.sleep
+    clock = RecordingClock()
     redlock = Redlock(
         config.urls,
         ttl=config.ttl,
@@ -134,6 +135,7 @@ def run_stream(config: StreamConfig) -> None:
         drift_factor=config.drift_factor,
         retry_delay=config.retry_delay,
         fencing=config.fencing,
+        clock=clock,
         sleep=sleep,
     )
     observer = redis.Redis.from_url(config.observer_url) if config.observer_url else None
@@ -145,14 +147,14 @@ def run_stream(config: StreamConfig) -> None:
     stop_path = config.stop_path
 
     def write(lease: Lease) -> None:
-        # Only while the lease says it is ours, and with most of its validity left: a
-        # write that a slow scheduler delays past the deadline would be the writer's
-        # fault, not the lock's.
+        # Only while the lease says it is ours, with most of its validity left. A
+        # write a slow scheduler still delays past the deadline is the writer's
+        # fault, not the lock's: the oracle tells them apart by when it completed.
         if observer is None or lease.fence is None or lease.validity < config.ttl / 2:
             return
         sent_ns = now_ns()
         seq = store_write(observer, lease.key, lease.fence, lease.token, config.label)
-        log.wrote(lease.key, lease.token, lease.fence, seq, sent_ns)
+        log.wrote(lease.key, lease.token, lease.fence, seq, sent_ns, now_ns())
 
     while now_ns() < until_ns and not (stop_path and os.path.exists(stop_path)):
         key = rng.choice(config.keys)
@@ -164,11 +166,20 @@ def run_stream(config: StreamConfig) -> None:
             lease = redlock.acquire(key, blocking=wait > 0, timeout=wait if wait > 0 else None)
         except Exception as error:
             outcome = _outcome(error)
+        checked_ns = clock.last_ns()
         end_ns = now_ns()
         if lease is not None:
             outcome = "granted"
             log.acquired(
-                key, lease.token, lease.fence, call_ns, end_ns, lease.deadline, lease.ttl, wait <= 0
+                key,
+                lease.token,
+                lease.fence,
+                call_ns,
+                end_ns,
+                lease.deadline,
+                lease.ttl,
+                wait <= 0,
+                checked_ns=checked_ns,
             )
         log.attempt(key, call_ns, end_ns, outcome)
         if lease is not None:
@@ -206,11 +217,13 @@ def run_probe(config: ProbeConfig) -> None:
 
     log = OracleLog(config.log_path, config.label)
     log.start()
+    clock = RecordingClock()
     redlock = Redlock(
         config.urls,
         ttl=config.ttl,
         node_timeout=config.node_timeout,
         drift_factor=config.drift_factor,
+        clock=clock,
     )
     print("ready", flush=True)
     for line in sys.stdin:
@@ -226,10 +239,20 @@ def run_probe(config: ProbeConfig) -> None:
             lease = redlock.acquire(key, blocking=False)
         except Exception as error:
             outcome = _outcome(error)
+        checked_ns = clock.last_ns()
         end_ns = now_ns()
         if lease is not None:
             outcome = "granted"
-            log.acquired(key, lease.token, None, call_ns, end_ns, lease.deadline, lease.ttl)
+            log.acquired(
+                key,
+                lease.token,
+                None,
+                call_ns,
+                end_ns,
+                lease.deadline,
+                lease.ttl,
+                checked_ns=checked_ns,
+            )
         log.attempt(key, call_ns, end_ns, outcome)
         result = {"outcome": outcome, "elapsed": (end_ns - call_ns) / NS, "call_ns": call_ns}
         if lease is not None:

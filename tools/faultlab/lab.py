@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -34,14 +34,15 @@ from celery_redlock.testing import (
 )
 
 from .holders import StreamConfig
-from .oracle import NS, SEED_ENV, Report, now_ns, read_events
+from .oracle import NS, SEED_ENV, Report, check, now_ns, read_events
 
 #: Where ``tools`` lives: on the holders' PYTHONPATH, so ``-m tools.faultlab.holders``
 #: and this checkout's celery_redlock import without an install.
 CHECKOUT = Path(__file__).resolve().parents[2]
 NODE_TIMEOUT = 0.05
-#: How much longer than node_timeout one failed attempt may take on a busy 2-core box.
-ATTEMPT_SLACK = 0.1
+#: How long a row waits for what it needs to have seen (grants in a phase, a lease
+#: lost, a contender in): a bound for a stuck run, never part of what is asserted.
+PATIENCE = 60.0
 
 
 def holder_command(mode: str, config_path: Path) -> list[str]:
@@ -214,6 +215,18 @@ class Fleet:
 
     def stop(self) -> None:
         self.stop_path.touch()
+
+    def wait_for(self, enough: Callable[[Report], bool], timeout: float = PATIENCE) -> bool:
+        """Poll the holders' logs until ``enough(check(events))``; False after ``timeout``.
+
+        Rows run until they have seen what they count (so many grants in a phase),
+        not for a fixed time a loaded machine may not fill."""
+        deadline = time.monotonic() + timeout
+        while not enough(check(self.events())):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def join(self, timeout: float = 30.0) -> list[str]:
         """Wait for every holder; kill the late ones. Problems (crashes), if any."""

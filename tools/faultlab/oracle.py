@@ -6,16 +6,27 @@ did to its own append-only JSON-lines file, stamped with ``time.monotonic_ns()``
 those files after the run:
 
 - an **overlap** is two different tokens of one key whose windows intersect, where a
-  window is ``[acquired, min(released, deadline)]``: ``acquired`` is taken when
-  ``acquire()`` returned, ``released`` just before ``release()`` was called, and
+  window is ``[acquired, min(released, deadline)]``: ``acquired`` is the holder's
+  last reading of the clock inside ``acquire()`` when it recorded one (its
+  RecordingClock: the moment the lock decided the lease was valid; a holder
+  descheduled before it logs cannot move its window later), else when ``acquire()``
+  returned; ``released`` is taken just before ``release()`` was called, and
   ``deadline`` is the end of validity the lease promised (``Lease.deadline``, on the
   same monotonic clock, moved on by each successful extension);
 - a **stale write** is a fenced write the store accepted with a fence lower than one
-  it had already accepted. The store here is deliberately naive -- a Redis list on a
-  separate server that appends every write in arrival order, as an unfenced database
-  would -- so any write the lock lets through out of order shows up;
+  it had already accepted, while its writer's lease was still valid (the write
+  completed before the writer's deadline). The store here is deliberately naive -- a
+  Redis list on a separate server that appends every write in arrival order, as an
+  unfenced database would -- so any write the lock lets through out of order shows
+  up. A write that may have landed after its own writer's deadline (a writer
+  descheduled between its validity check and the store) is the writer's lateness,
+  which fencing exists to refuse, not the lock's: it is counted apart
+  (``late_writes``). Nothing is lost by that: two holders valid at once are an
+  overlap, and a successor with a lower fence a fence regression;
 - a **fence regression**: a holder whose fence is not above its predecessor's;
-- a lease **born dead** (returned with its validity already gone) or one that
+- a lease **born dead** (validity already gone at the lock's own last clock reading
+  before it returned -- the lock knew; without a recording, when acquire() returned)
+  or one that
   **overclaims** (acquire() promised a deadline more than ``ttl`` after its winning
   round began -- for a one-attempt call, after the call; extensions may move it on).
 
@@ -54,6 +65,7 @@ __all__ = [
     "Attempt",
     "OracleLog",
     "Overlap",
+    "RecordingClock",
     "Report",
     "StaleWrite",
     "StoreWrite",
@@ -88,6 +100,26 @@ def pick_seed() -> int:
 
 def now_ns() -> int:
     return time.monotonic_ns()
+
+
+class RecordingClock:
+    """time.monotonic for ``Redlock(clock=...)`` that remembers, per thread, its last
+    reading: right after acquire() returns, :meth:`last_ns` is the lock's own last
+    look at the clock -- when it judged the lease valid. Judging a lease by that
+    reading, not by a reading the caller takes later, keeps a caller descheduled
+    between the two from looking like a lock that returned a dead lease."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        reading = time.monotonic_ns()
+        self._local.last = reading
+        return reading / NS
+
+    def last_ns(self) -> Optional[int]:
+        last: Optional[int] = getattr(self._local, "last", None)
+        return last
 
 
 # -- the log ------------------------------------------------------------------------------
@@ -128,10 +160,12 @@ class OracleLog:
         deadline: float,
         ttl: float,
         single: bool = True,
+        checked_ns: Optional[int] = None,
     ) -> None:
         """``deadline``: the lease's end of validity in seconds on time.monotonic().
         ``single``: the call made one attempt (non-blocking), so its round started
-        after ``call_ns``."""
+        after ``call_ns``. ``checked_ns``: the lock's last clock reading inside the
+        call (RecordingClock.last_ns), if recorded."""
         self.event(
             "acquire",
             key=key,
@@ -142,6 +176,7 @@ class OracleLog:
             deadline_ns=round(deadline * NS),
             ttl_ns=round(ttl * NS),
             single=single,
+            checked_ns=checked_ns,
         )
 
     def extended(self, key: str, token: str, deadline: float) -> None:
@@ -153,8 +188,12 @@ class OracleLog:
     def released(self, key: str, token: str, released_ns: int) -> None:
         self.event("release", key=key, token=token, released_ns=released_ns)
 
-    def wrote(self, key: str, token: str, fence: int, seq: int, sent_ns: int) -> None:
-        self.event("write", key=key, token=token, fence=fence, seq=seq, sent_ns=sent_ns)
+    def wrote(self, key: str, token: str, fence: int, seq: int, sent_ns: int, done_ns: int) -> None:
+        """A store write of ``seq``: sent at ``sent_ns``, acknowledged at ``done_ns``
+        (it landed in between)."""
+        self.event(
+            "write", key=key, token=token, fence=fence, seq=seq, sent_ns=sent_ns, done_ns=done_ns
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -233,7 +272,7 @@ class Window:
     label: str
     fence: Optional[int]
     call_ns: int
-    start_ns: int  # acquire() returned
+    start_ns: int  # the lock's last clock reading in acquire(), else when it returned
     deadline_ns: int  # the last validity deadline promised (acquire or extension)
     first_deadline_ns: int  # the one acquire() promised
     single: bool  # won in one attempt (its round started after call_ns)
@@ -299,6 +338,9 @@ class Report:
     fence_regressions: list[tuple[Window, Window]] = field(default_factory=list)
     born_dead: list[Window] = field(default_factory=list)
     overclaims: list[Window] = field(default_factory=list)
+    #: Out-of-order writes that may have landed after their writer's deadline: the
+    #: writer's lateness (what fencing refuses), not a lock violation.
+    late_writes: list[StaleWrite] = field(default_factory=list)
     writes: int = 0
     starts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -330,6 +372,7 @@ class Report:
             "fence_regressions": len(self.fence_regressions),
             "born_dead": len(self.born_dead),
             "overclaims": len(self.overclaims),
+            "late_writes": len(self.late_writes),
         }
 
     def describe(self, limit: int = 5) -> str:
@@ -382,6 +425,8 @@ def _windows(events: Sequence[Mapping[str, Any]]) -> list[Window]:
             lost.setdefault(ident, int(event["ns"]))
     windows = []
     for ident, event in acquired.items():
+        returned = int(event["acquired_ns"])
+        checked = event.get("checked_ns")
         windows.append(
             Window(
                 key=ident[0],
@@ -389,7 +434,7 @@ def _windows(events: Sequence[Mapping[str, Any]]) -> list[Window]:
                 label=str(event.get("label", "?")),
                 fence=None if event.get("fence") is None else int(event["fence"]),
                 call_ns=int(event["call_ns"]),
-                start_ns=int(event["acquired_ns"]),
+                start_ns=returned if checked is None else min(returned, int(checked)),
                 deadline_ns=max(deadlines[ident], int(event["deadline_ns"])),
                 first_deadline_ns=int(event["deadline_ns"]),
                 single=bool(event.get("single", True)),
@@ -447,6 +492,20 @@ def _stale_writes(writes: Mapping[str, Sequence[StoreWrite]]) -> list[StaleWrite
     return found
 
 
+def _landed_late(
+    stale: StaleWrite,
+    done: Mapping[tuple[str, int], int],
+    deadlines: Mapping[tuple[str, str], int],
+) -> bool:
+    """The write may have landed after its writer's deadline: it was acknowledged
+    after it. Without the writer's log of it (or of its lease), it counts against
+    the lock."""
+    write = stale.write
+    acknowledged = done.get((write.key, write.seq))
+    deadline = deadlines.get((write.key, write.token))
+    return acknowledged is not None and deadline is not None and acknowledged > deadline
+
+
 def _since(window: Window) -> int:
     # Validity counts from the winning round's start: after call_ns for one attempt;
     # for a blocking call (several rounds) the oracle knows only that it was before
@@ -481,6 +540,14 @@ def check(
     report.born_dead = [w for w in windows if w.deadline_ns <= w.start_ns]
     report.overclaims = [w for w in windows if w.first_deadline_ns - _since(w) > w.ttl_ns]
     if writes:
-        report.stale_writes = _stale_writes(writes)
+        done = {
+            (str(e["key"]), int(e["seq"])): int(e["done_ns"])
+            for e in events
+            if e.get("ev") == "write" and e.get("done_ns") is not None
+        }
+        deadlines = {(w.key, w.token): w.deadline_ns for w in windows}
+        for stale in _stale_writes(writes):
+            late = _landed_late(stale, done, deadlines)
+            (report.late_writes if late else report.stale_writes).append(stale)
         report.writes = sum(len(entries) for entries in writes.values())
     return report
