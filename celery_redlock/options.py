@@ -134,7 +134,8 @@ OPTIONS: tuple[Option, ...] = (
         "retry",
         partial(validate.choice, accepted=ON_CONTENDED),
         "task",
-        '`"retry"`, `"skip"` (state `SKIPPED`, logged) or `"fail"` (`LockContended`)',
+        '`"retry"`, `"skip"` (logged; ends SUCCESS with the skipped marker, see '
+        '"Results of a skipped copy") or `"fail"` (`LockContended`)',
     ),
     Option(
         "redlock_retry_backoff",
