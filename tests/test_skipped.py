@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from appfixture import worker_test_app
 from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
@@ -30,14 +31,8 @@ HOLD = 3.0
 
 
 @pytest.fixture
-def app(redis_server: RedisServer, redis_nodes: RedisCluster) -> Celery:
-    app = Celery("skipped", broker=redis_server.url, backend=redis_server.url, set_as_current=False)
-    app.conf.redlock_nodes = redis_nodes.urls
-    app.conf.redlock_retry_backoff = 0.05
-    app.conf.redlock_retry_backoff_max = 0.1
-    app.conf.result_extended = True
-    app.conf.broker_connection_retry_on_startup = True
-    return app
+def app(redis_server: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery]:
+    yield from worker_test_app("skipped", redis_server, redis_nodes, 0.05, 0.1)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from appfixture import worker_test_app
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore
@@ -75,15 +76,8 @@ def broker(redis_server_factory: Any) -> RedisServer:
 
 
 @pytest.fixture
-def app(broker: RedisServer, redis_nodes: RedisCluster) -> Celery:
-    app = Celery("redlock_tests", broker=broker.url, backend=broker.url, set_as_current=False)
-    app.conf.task_create_missing_queues = True
-    app.conf.redlock_nodes = redis_nodes.urls
-    app.conf.redlock_retry_backoff = 0.1
-    app.conf.redlock_retry_backoff_max = 0.3
-    app.conf.result_extended = True
-    app.conf.broker_connection_retry_on_startup = True
-    return app
+def app(broker: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery]:
+    yield from worker_test_app("redlock_tests", broker, redis_nodes, 0.1, 0.3)
 
 
 def _occupancy(broker: RedisServer) -> redis.Redis:
