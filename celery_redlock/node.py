@@ -176,12 +176,42 @@ class Node:
             conn.close()
         return self.connect(now) if connect else None
 
-    def checkin(self, conn: Connection, now: float) -> None:
-        """Take back a connection after a round: in step, or closed."""
-        if conn.park(now):
+    def checkin(self, conn: Connection, now: float, deliver: bool = False) -> bool:
+        """Take back a connection after a round: in step, or closed. True when it
+        still owes replies (see ``finish_owed``). ``deliver``: see ``Connection.park``."""
+        if conn.park(now, deliver):
             self._idle.append(conn)
-        else:
-            conn.close()
+            return conn.owes
+        conn.close()
+        return False
+
+    def finish_owed(self, now: float, older_than: float, owed_age: float) -> bool:
+        """Read what idle connections have owed for over ``older_than`` seconds (see
+        ``Connection.finish``); True while some idle connection still owes.
+
+        Runs beside rounds on other threads: a connection is taken out of the idle
+        pool before it is read, so only one thread reads it at a time.
+        """
+        idle = self._idle
+        owing = False
+        for conn in list(idle):  # a snapshot: rounds pop and append meanwhile
+            if not conn.owes:
+                continue
+            if conn.owed_for(now) < older_than and conn.state == READY:
+                owing = True  # the next round on it may well read it first
+                continue
+            try:
+                idle.remove(conn)
+            except ValueError:
+                continue  # a round took it: that round reads it
+            if not conn.finish(now, owed_age):
+                conn.close()
+            elif self._idle is idle:
+                idle.append(conn)
+                owing = owing or conn.owes
+            else:
+                conn.close()  # reset meanwhile (close, fork): it is not ours to keep
+        return owing
 
     def reset(self) -> None:
         """Forget every idle connection (after a fork they belong to the parent)."""

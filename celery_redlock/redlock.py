@@ -313,7 +313,7 @@ class Redlock:
                 )  # fmt: skip
                 return _Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
-        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False)
+        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False, deliver=True)
         return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
@@ -450,6 +450,7 @@ class Redlock:
             self.node_timeout,
             is_yes=_is_answer,
             enough_yes=self.quorum,
+            deliver=True,  # every node, also those the round stops waiting for
         )
         errors = [
             str(r) if str(r).startswith(node.address) else f"{node.address}: {r}"
