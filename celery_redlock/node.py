@@ -185,33 +185,31 @@ class Node:
         conn.close()
         return False
 
-    def finish_owed(self, now: float, older_than: float, owed_age: float) -> bool:
-        """Read what idle connections have owed for over ``older_than`` seconds (see
-        ``Connection.finish``); True while some idle connection still owes.
+    def idle_owing(self) -> list[Connection]:
+        """The idle connections that owe replies or are being set up (a snapshot:
+        rounds pop and append meanwhile)."""
+        return [conn for conn in list(self._idle) if conn.owes]
 
-        Runs beside rounds on other threads: a connection is taken out of the idle
-        pool before it is read, so only one thread reads it at a time.
+    def finish(self, conn: Connection, now: float, owed_age: float) -> bool:
+        """Read what idle ``conn`` owes (see ``Connection.finish``) and put it back,
+        or close it; True while it still owes.
+
+        Runs beside rounds on other threads: ``conn`` is taken out of the idle pool
+        before it is read, so only one thread reads it at a time.
         """
         idle = self._idle
-        owing = False
-        for conn in list(idle):  # a snapshot: rounds pop and append meanwhile
-            if not conn.owes:
-                continue
-            if conn.owed_for(now) < older_than and conn.state == READY:
-                owing = True  # the next round on it may well read it first
-                continue
-            try:
-                idle.remove(conn)
-            except ValueError:
-                continue  # a round took it: that round reads it
-            if not conn.finish(now, owed_age):
-                conn.close()
-            elif self._idle is idle:
-                idle.append(conn)
-                owing = owing or conn.owes
-            else:
-                conn.close()  # reset meanwhile (close, fork): it is not ours to keep
-        return owing
+        try:
+            idle.remove(conn)
+        except ValueError:
+            return False  # a round took it: that round reads it, and notes it again
+        if not conn.finish(now, owed_age):
+            conn.close()
+            return False
+        if self._idle is not idle:
+            conn.close()  # reset meanwhile (close, fork): not ours to keep
+            return False
+        idle.append(conn)
+        return conn.owes
 
     def reset(self) -> None:
         """Forget every idle connection (after a fork they belong to the parent)."""

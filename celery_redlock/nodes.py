@@ -104,8 +104,26 @@ class NodeSet:
             return False  # the parent's connections
         now = self._clock()
         owing = False
+        due: list[tuple[Node, Connection]] = []
         for node in self.nodes:
-            owing = node.finish_owed(now, older_than, self._owed_age) or owing
+            for conn in node.idle_owing():
+                if conn.state == READY and conn.owed_for(now) < older_than:
+                    owing = True  # the next round on it may well read it first
+                else:
+                    due.append((node, conn))
+        if not due:
+            return owing
+        # Take only what can move now (bytes in, room to write, or given up on):
+        # a hung node's connection stays in the pool for rounds to use.
+        poller = select.poll()
+        for _, conn in due:
+            poller.register(conn.fileno(), _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        ready = {fd for fd, _ in poller.poll(0)}
+        for node, conn in due:
+            if conn.fileno() in ready or conn.owed_for(now) > self._owed_age:
+                owing = node.finish(conn, now, self._owed_age) or owing
+            else:
+                owing = True
         return owing
 
     def round(
