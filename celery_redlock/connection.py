@@ -13,8 +13,11 @@ happen), or a handshake reply. A reply we stopped waiting for is read by the nex
 round on the connection or by the finisher (``finish``), whichever comes first, so a
 late SET is always followed by our late DEL; a connection that cannot be brought back
 in step is closed (``park`` says so). Each owed reply keeps the time its command was
-sent: only a reply owed for long (a hung node, dropped bytes) closes the connection,
-never a node that stays a round or two behind.
+sent: only a reply owed for long (a hung node) closes the connection, never a node
+that stays a round or two behind. Requests lost on the way (a partition that drops
+bytes) leave a stream whose replies keep coming, each one read as the answer to an
+older command: such a connection stays behind for good, and the rounds that wait on
+it time out; ``behind_for`` tells the driver how long it has been behind.
 
 A connection knows its node only as an ``Endpoint`` (address, handshake, TLS
 context): node.py's ``Node`` is one. This module does no waiting of its own (the
@@ -57,8 +60,8 @@ MAX_OWED_REPLIES: Final = 256
 MAX_CONNECTING: Final = 5.0
 #: A connection whose oldest owed reply was sent more than this many round deadlines
 #: ago (and at least MIN_OWED_AGE seconds) is closed, not reused: a reply that never
-#: comes (bytes dropped by a proxy, a node hung for good) would otherwise keep every
-#: later round on it one reply behind.
+#: comes (a node hung for good) would otherwise keep every later round on it one reply
+#: behind. So is one behind for that long on which a round timed out (see nodes.py).
 OWED_AGE_ROUNDS: Final = 10
 MIN_OWED_AGE: Final = 0.5
 CLIENT_NAME: Final = b"celery-redlock"
@@ -124,6 +127,7 @@ class Connection:
     """A non-blocking socket to one node and the replies it still owes, in order."""
 
     __slots__ = (
+        "behind_since",
         "born",
         "commands",
         "expect",
@@ -148,6 +152,7 @@ class Connection:
         # resent as EVAL; the oldest send time tells a stuck node from a slow one.
         self.commands: deque[tuple[Command, float]] = deque()
         self.pending: list[bytes] = []  # commands queued before the connection is ready
+        self.behind_since: Optional[float] = None  # owing stale replies, without a break
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
         sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock: Optional[socket.socket] = sock
@@ -184,6 +189,10 @@ class Connection:
         if self.commands:
             return now - self.commands[0][1]
         return now - self.born if self.owes else 0.0
+
+    def behind_for(self, now: float) -> float:
+        """Seconds this connection has owed stale replies without a break (0: in step)."""
+        return 0.0 if self.behind_since is None else now - self.behind_since
 
     def usable(self, now: float, owed_age: float) -> bool:
         """Whether an idle connection may serve a round now (else: close it)."""
@@ -239,6 +248,8 @@ class Connection:
         elif self.expect:
             # Replies we stopped waiting for are still owed: read and drop them first.
             self.expect = deque(_STALE if t == _RESULT else t for t in self.expect)
+            if self.behind_since is None:
+                self.behind_since = now
         return True
 
     def send(self, payload: bytes, command: Command, now: float) -> None:
@@ -399,6 +410,8 @@ class Connection:
             elif tag == _SETUP and isinstance(reply, rexc.RedisError):
                 raise type(reply)(f"{self.node.address}: {reply}")
         del buf[:pos]
+        if self.behind_since is not None and _STALE not in self.expect:
+            self.behind_since = None  # caught up
         if self.out:
             self.flush()
         return results

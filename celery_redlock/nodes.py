@@ -165,11 +165,22 @@ class NodeSet:
             if age > self._owed_age:
                 self._owed_age = age
         conns = self._send_all(command, tally, now, timeout, wait)
-        if wait and self._collect(command, conns, tally, now + timeout):
+        timed_out = wait and self._collect(command, conns, tally, now + timeout)
+        if timed_out:
             tally.deadline_passed([node.address for node in self.nodes], timeout)
         owing = False
-        for node, conn in zip(self.nodes, conns):
-            if conn is not None and node.checkin(conn, now, deliver):
+        for i, (node, conn) in enumerate(zip(self.nodes, conns)):
+            if conn is None:
+                continue
+            if (
+                timed_out
+                and isinstance(tally.results[i], rexc.TimeoutError)
+                and conn.behind_for(now) > self._owed_age
+            ):
+                # Behind for long and no answer in time: out of step (requests lost
+                # on the way) or slower than the deadline for long. Start afresh.
+                conn.close()
+            elif node.checkin(conn, now, deliver):
                 owing = True
         if owing:
             finisher.note(self)
