@@ -4,8 +4,10 @@
 client into what a connection needs: the address (resolved once, again after a
 refusal), the TLS context built exactly as redis-py's ``SSLConnection`` would, and
 the handshake bytes. It keeps the idle connections between rounds (``checkout`` /
-``checkin``; a connection found out of step is closed, never reused) and a plain
-redis-py client for inspection (holder, doctor, CLI), which lock operations never use.
+``checkin``; a connection found out of step is closed, never reused; ``finish`` lets
+the finisher thread read one that still owes replies, taking it out of the pool
+meanwhile so that one thread at a time reads it) and a plain redis-py client for
+inspection (holder, doctor, CLI), which lock operations never use.
 
 Fork safety is the caller's: ``reset`` drops the connections (nodes.py calls it in a
 forked child). Must not import nodes.py, redlock.py or Celery.
