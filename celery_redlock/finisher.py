@@ -23,7 +23,6 @@ made by background.py. Imports nothing else from the package.
 from __future__ import annotations
 
 import os
-import time
 from typing import Final, Optional, Protocol
 
 from .background import new_condition, new_lock, start_daemon_thread
@@ -70,7 +69,9 @@ class Finisher:
                 while not self._owing:
                     self._awake = False
                     self._cond.wait()
-            time.sleep(self.period)
+                # Nobody notifies while awake: this waits the whole period (and
+                # sleeps on background.py's condition, not on this module's clock).
+                self._cond.wait(self.period)
             self.sweep()
 
     def sweep(self) -> None:
