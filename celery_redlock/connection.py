@@ -10,8 +10,14 @@ deadline; and every connection knows, in order, what each reply it still owes
 means: the round's answer, a *stale* answer nobody waits for any more (read and
 dropped; a stale NOSCRIPT is sent again as EVAL, since the command must still
 happen), or a handshake reply. A reply we stopped waiting for is read by the next
-round on the connection, so a late SET is always followed by our late DEL; a
-connection that cannot be brought back in step is closed (``park`` says so).
+round on the connection or by the finisher (``finish``), whichever comes first, so a
+late SET is always followed by our late DEL; a connection that cannot be brought back
+in step is closed (``park`` says so). Each owed reply keeps the time its command was
+sent: only a reply owed for long (a hung node) closes the connection, never a node
+that stays a round or two behind. Requests lost on the way (a partition that drops
+bytes) leave a stream whose replies keep coming, each one read as the answer to an
+older command: such a connection stays behind for good, and the rounds that wait on
+it time out; ``behind_for`` tells the driver how long it has been behind.
 
 A connection knows its node only as an ``Endpoint`` (address, handshake, TLS
 context): node.py's ``Node`` is one. This module does no waiting of its own (the
@@ -42,6 +48,7 @@ __all__ = [
     "Connection",
     "Endpoint",
     "handshake",
+    "owed_age",
 ]
 
 #: Replies a connection may still owe before it is closed instead of reused: a node
@@ -51,13 +58,19 @@ __all__ = [
 MAX_OWED_REPLIES: Final = 256
 #: A connection still connecting after this long is dropped and started afresh.
 MAX_CONNECTING: Final = 5.0
-#: A connection whose oldest owed reply is older than this many round deadlines (and
-#: at least MIN_OWED_AGE seconds) is closed, not reused: a reply that never comes
-#: (bytes dropped by a proxy, a node hung for good) would otherwise keep every later
-#: round on it one reply behind.
+#: A connection whose oldest owed reply was sent more than this many round deadlines
+#: ago (and at least MIN_OWED_AGE seconds) is closed, not reused: a reply that never
+#: comes (a node hung for good) would otherwise keep every later round on it one reply
+#: behind. So is one behind for that long on which a round timed out (see nodes.py).
 OWED_AGE_ROUNDS: Final = 10
 MIN_OWED_AGE: Final = 0.5
 CLIENT_NAME: Final = b"celery-redlock"
+
+
+def owed_age(timeout: float) -> float:
+    """How long a reply may stay owed on a connection used with round ``timeout``."""
+    return max(MIN_OWED_AGE, OWED_AGE_ROUNDS * timeout)
+
 
 _READ_SIZE: Final = 65536
 
@@ -114,13 +127,13 @@ class Connection:
     """A non-blocking socket to one node and the replies it still owes, in order."""
 
     __slots__ = (
+        "behind_since",
         "born",
         "commands",
         "expect",
         "inbuf",
         "node",
         "out",
-        "owed_since",
         "pending",
         "sock",
         "state",
@@ -134,11 +147,12 @@ class Connection:
         greeting, tags = node.handshake
         self.out = bytearray(greeting)
         self.expect: deque[int] = deque(tags)
-        # The command behind each _RESULT / _STALE tag, in the same order: a reply
-        # found to be NOSCRIPT after the round stopped waiting is resent as EVAL.
-        self.commands: deque[Command] = deque()
-        self.owed_since: Optional[float] = None  # when replies nobody waits for began
-        self.pending: Optional[bytes] = None  # the round's command, sent once ready
+        # The command behind each _RESULT / _STALE tag and when it was sent, in the
+        # same order: a reply found to be NOSCRIPT after the round stopped waiting is
+        # resent as EVAL; the oldest send time tells a stuck node from a slow one.
+        self.commands: deque[tuple[Command, float]] = deque()
+        self.pending: list[bytes] = []  # commands queued before the connection is ready
+        self.behind_since: Optional[float] = None  # owing stale replies, without a break
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
         sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock: Optional[socket.socket] = sock
@@ -164,6 +178,24 @@ class Connection:
                 self.sock.close()
             self.sock = None
 
+    @property
+    def owes(self) -> bool:
+        """True while replies are owed or the connection is still being set up."""
+        return bool(self.expect) or self.state != READY
+
+    def owed_for(self, now: float) -> float:
+        """Seconds since the oldest owed reply's command was sent (or since the
+        connection began, for its handshake); 0 when nothing is owed."""
+        try:
+            # One read: the finisher asks about connections a round may be using.
+            return now - self.commands[0][1]
+        except IndexError:
+            return now - self.born if self.owes else 0.0
+
+    def behind_for(self, now: float) -> float:
+        """Seconds this connection has owed stale replies without a break (0: in step)."""
+        return 0.0 if self.behind_since is None else now - self.behind_since
+
     def usable(self, now: float, owed_age: float) -> bool:
         """Whether an idle connection may serve a round now (else: close it)."""
         if self.state != READY:
@@ -175,36 +207,62 @@ class Connection:
                 self.read()
             except rexc.RedisError:
                 return False  # the node hung up meanwhile (restart, timeout)
-            if self.owed_since is not None and now - self.owed_since > owed_age:
-                return False  # those replies are not coming: start afresh
+            if self.owed_for(now) > owed_age:
+                return False  # that reply is not coming: start afresh
         return True
 
-    def park(self, now: float) -> bool:
-        """Get back in step after a round; False: out of step, close it."""
+    def finish(self, now: float, owed_age: float) -> bool:
+        """Read what an idle connection owes, without waiting: move set-up along,
+        resend NOSCRIPT as EVAL, write what is queued. False: close it (the node
+        hung up, or a reply has been owed longer than ``owed_age``)."""
+        if self.sock is None:
+            return False
+        if self.state != READY and now - self.born >= MAX_CONNECTING:
+            return False
+        try:
+            self.read()
+        except (rexc.RedisError, OSError):
+            return False
+        if self.state != READY and not self.commands:
+            return True  # set-up only: MAX_CONNECTING bounds it
+        return self.owed_for(now) <= owed_age and len(self.expect) <= MAX_OWED_REPLIES
+
+    def park(self, now: float, deliver: bool = False) -> bool:
+        """Get back in step after a round; False: out of step, close it.
+
+        ``deliver``: the round's command must still reach the node (a release),
+        also when the connection is still being set up.
+        """
         if self.sock is None or len(self.expect) > MAX_OWED_REPLIES:
             return False
         if self.state != READY:
-            # Still connecting: nothing of the round's command went out, so drop it
-            # and keep the handshake going; the next round picks it up.
-            self.pending = None
-            while self.expect and self.expect[-1] == _RESULT:
-                self.expect.pop()
-                self.commands.pop()
+            if deliver:
+                self.expect = deque(_STALE if t == _RESULT else t for t in self.expect)
+            else:
+                # Nothing of the round's command went out, so drop it and keep the
+                # set-up going (an acquire's SET must not land after the round).
+                while self.expect and self.expect[-1] == _RESULT:
+                    self.expect.pop()
+                    self.commands.pop()
+                    self.pending.pop()
         elif self.out:
             return False  # a half-written command: the stream is out of step
         elif self.expect:
             # Replies we stopped waiting for are still owed: read and drop them first.
             self.expect = deque(_STALE if t == _RESULT else t for t in self.expect)
-            if self.owed_since is None:
-                self.owed_since = now
+            if self.behind_since is None:
+                self.behind_since = now
         return True
 
-    def send(self, payload: bytes, command: Command) -> None:
-        """Queue one command whose reply the round waits for; write it if we can."""
+    def send(self, payload: bytes, command: Command, now: float) -> None:
+        """Queue one command whose reply the round waits for; write it if we can.
+
+        ``now``: when it is sent, on the round's clock.
+        """
         self.expect.append(_RESULT)
-        self.commands.append(command)
+        self.commands.append((command, now))
         if self.state != READY:
-            self.pending = payload
+            self.pending.append(payload)
             return
         if not self.out:
             try:
@@ -244,9 +302,9 @@ class Connection:
 
     def _ready(self) -> None:
         self.state = READY
-        if self.pending is not None:
-            self.out += self.pending
-            self.pending = None
+        if self.pending:
+            self.out += b"".join(self.pending)
+            self.pending.clear()
         self.flush()
 
     def _tls_step(self) -> None:
@@ -273,6 +331,10 @@ class Connection:
             if err:
                 self.node.forget_address()
                 raise rexc.ConnectionError(f"{self.node.address}: {os.strerror(err)}")
+            try:
+                self.sock.getpeername()
+            except OSError:
+                return  # not connected yet (asked before poll said writable)
             self._connected()
         elif self.state == _TLS_HANDSHAKE:
             self._tls_step()
@@ -340,18 +402,18 @@ class Connection:
                 self.commands.popleft()
                 results.append(reply)
             elif tag == _STALE:
-                command = self.commands.popleft()
+                sent = self.commands.popleft()
                 if isinstance(reply, rexc.NoScriptError):
                     # Nobody waits for it, but it must still happen (a release after
                     # an operator's SCRIPT FLUSH): send it again as EVAL, in order.
-                    self.out += command.fallback()
+                    self.out += sent[0].fallback()
                     self.expect.append(_STALE)
-                    self.commands.append(command)
+                    self.commands.append(sent)
             elif tag == _SETUP and isinstance(reply, rexc.RedisError):
                 raise type(reply)(f"{self.node.address}: {reply}")
         del buf[:pos]
-        if self.owed_since is not None and _STALE not in self.expect:
-            self.owed_since = None  # caught up
+        if self.behind_since is not None and _STALE not in self.expect:
+            self.behind_since = None  # caught up
         if self.out:
             self.flush()
         return results

@@ -2,8 +2,11 @@
 
 A lease counts its validity down on the lock's monotonic clock from the moment the
 acquire round started; once it reaches zero another client may hold the key. It is
-*lost* when it ends without being released (validity ran out, an extension failed):
-its ``on_lost`` callbacks run once, and ``held`` / ``ensure_held()`` tell the holder.
+*lost* when it ends without being released (validity ran out, a majority refused an
+extension, or no extension could get through in time): its ``on_lost`` callbacks run
+once, and ``held`` / ``ensure_held()`` tell the holder. An extension round that only
+met slow or unreachable nodes while validity remains does not lose the lease: it
+says by when to try again (``retry_by``), and the watchdog does.
 
 The rounds themselves belong to the lock that granted the lease: ``extend`` and
 ``release`` ask it through ``LeaseOwner`` (``Redlock`` is one), so this module knows
@@ -15,24 +18,35 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import timedelta
-from typing import Any, Callable, Optional, Protocol, Union
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 
 from . import validate
 from .errors import LockLost
 
-__all__ = ["Duration", "Lease", "LeaseOwner"]
+__all__ = ["Duration", "Extension", "Lease", "LeaseOwner"]
 
 logger = logging.getLogger(__name__)
 
 Duration = Union[float, int, timedelta]
 
 
+class Extension(NamedTuple):
+    """What one extension round achieved."""
+
+    #: The new deadline when a majority extended the lease in time, else None.
+    deadline: Optional[float] = None
+    #: Why it was not extended (None at ``max_hold``).
+    reason: Optional[str] = None
+    #: Not extended, but it may still be: try again by then (lock's clock). None
+    #: when the lease is lost (a majority refused, or no time left for a round).
+    retry_by: Optional[float] = None
+
+
 class LeaseOwner(Protocol):
     """What a lease asks of the lock that granted it."""
 
-    def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
-        """One extension round: ``(new deadline, None)`` when extended, ``(None,
-        reason)`` when the lease is lost, ``(None, None)`` at ``max_hold``."""
+    def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
+        """One extension round (see ``Extension``); all None at ``max_hold``."""
 
     def _release_lease(self, lease: Lease) -> None:
         """Compare-and-delete the lease's key on every node."""
@@ -68,6 +82,9 @@ class Lease:
         self.fence = fence
         self.acquired_at = started
         self.extensions = 0
+        #: After an ``extend()`` that failed but may still succeed (nodes slow or
+        #: unreachable, validity left): try again by then, on the lock's clock.
+        self.retry_by: Optional[float] = None
         self.max_hold = max_hold
         self._deadline = deadline
         self._released = False
@@ -157,20 +174,26 @@ class Lease:
         True only if a majority extended it within the remaining validity; the new
         validity counts from the start of this round. Bounded by ``max_hold``: past
         it, the lease is extended only up to the bound, then no further (returns False).
-        A failed extension marks the lease lost -- keep the work fenced or stop.
+
+        One round. When a majority refused (the key is no longer ours there) or no
+        time is left for another round, the lease is marked lost -- keep the work
+        fenced or stop. When the round only met slow or unreachable nodes, False
+        with ``retry_by`` set: the lease holds until its deadline; call again (the
+        watchdog does).
         """
         new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         with self._lock:
             if self._released or self._lost_reason is not None:
                 return False
-            deadline, lost = self._owner._extend_lease(self, new_ttl)
-            if deadline is not None:
-                self._deadline = deadline
+            outcome = self._owner._extend_lease(self, new_ttl)
+            self.retry_by = outcome.retry_by
+            if outcome.deadline is not None:
+                self._deadline = outcome.deadline
                 self.extensions += 1
             callbacks = list(self._on_extended)
-        if deadline is None:
-            if lost is not None:
-                self.mark_lost(lost)
+        if outcome.deadline is None:
+            if outcome.reason is not None and outcome.retry_by is None:
+                self.mark_lost(outcome.reason)
             return False
         for callback in callbacks:
             try:
@@ -183,7 +206,8 @@ class Lease:
         """Delete the key on all nodes where it still holds our token. Idempotent.
 
         Waits for a majority to answer at most (never for hung nodes): the others
-        get the command too and the next round on their connections reads the reply.
+        get the command too, and the process's finisher reads their replies soon
+        after (resending it as EVAL to a node that forgot the script).
         """
         with self._lock:
             if self._released:

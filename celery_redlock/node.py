@@ -4,8 +4,10 @@
 client into what a connection needs: the address (resolved once, again after a
 refusal), the TLS context built exactly as redis-py's ``SSLConnection`` would, and
 the handshake bytes. It keeps the idle connections between rounds (``checkout`` /
-``checkin``; a connection found out of step is closed, never reused) and a plain
-redis-py client for inspection (holder, doctor, CLI), which lock operations never use.
+``checkin``; a connection found out of step is closed, never reused; ``finish`` lets
+the finisher thread read one that still owes replies, taking it out of the pool
+meanwhile so that one thread at a time reads it) and a plain redis-py client for
+inspection (holder, doctor, CLI), which lock operations never use.
 
 Fork safety is the caller's: ``reset`` drops the connections (nodes.py calls it in a
 forked child). Must not import nodes.py, redlock.py or Celery.
@@ -176,12 +178,40 @@ class Node:
             conn.close()
         return self.connect(now) if connect else None
 
-    def checkin(self, conn: Connection, now: float) -> None:
-        """Take back a connection after a round: in step, or closed."""
-        if conn.park(now):
+    def checkin(self, conn: Connection, now: float, deliver: bool = False) -> bool:
+        """Take back a connection after a round: in step, or closed. True when it
+        still owes replies (see ``finish_owed``). ``deliver``: see ``Connection.park``."""
+        if conn.park(now, deliver):
             self._idle.append(conn)
-        else:
+            return conn.owes
+        conn.close()
+        return False
+
+    def idle_owing(self) -> list[Connection]:
+        """The idle connections that owe replies or are being set up (a snapshot:
+        rounds pop and append meanwhile)."""
+        return [conn for conn in list(self._idle) if conn.owes]
+
+    def finish(self, conn: Connection, now: float, owed_age: float) -> bool:
+        """Read what idle ``conn`` owes (see ``Connection.finish``) and put it back,
+        or close it; True while it still owes.
+
+        Runs beside rounds on other threads: ``conn`` is taken out of the idle pool
+        before it is read, so only one thread reads it at a time.
+        """
+        idle = self._idle
+        try:
+            idle.remove(conn)
+        except ValueError:
+            return False  # a round took it: that round reads it, and notes it again
+        if not conn.finish(now, owed_age):
             conn.close()
+            return False
+        if self._idle is not idle:
+            conn.close()  # reset meanwhile (close, fork): not ours to keep
+            return False
+        idle.append(conn)
+        return conn.owes
 
     def reset(self) -> None:
         """Forget every idle connection (after a fork they belong to the parent)."""

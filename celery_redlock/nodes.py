@@ -16,8 +16,10 @@ The rooms this one drives:
 - resp.py packs commands and parses replies.
 
 What stays here is I/O policy: checking connections out and back in, the poll loop,
-one reconnect within the round for a pooled connection the node had dropped, and
-fork safety (a process that finds itself forked drops the parent's connections).
+one reconnect within the round for a pooled connection the node had dropped, handing
+connections that still owe replies to the finisher (finisher.py reads them soon after
+the round, so a release reaches every node), and fork safety (a process that finds
+itself forked drops the parent's connections).
 
 This module must not import Celery, redlock.py or task code.
 """
@@ -32,7 +34,8 @@ from typing import Callable, Final, Optional, Sequence
 
 from redis import exceptions as rexc
 
-from .connection import MIN_OWED_AGE, OWED_AGE_ROUNDS, READY, Connection
+from . import finisher
+from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .errors import ConfigurationError
 from .node import Node
 from .resp import Command, pack
@@ -78,6 +81,8 @@ class NodeSet:
             seen[node.identity] = i
         self._clock = clock
         self._pid = _PID
+        # How long a reply may stay owed, for the longest round deadline seen.
+        self._owed_age = MIN_OWED_AGE
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -92,6 +97,35 @@ class NodeSet:
         for node in self.nodes:
             node.reset()
 
+    def finish_owed(self, older_than: float) -> bool:
+        """The finisher's sweep (see finisher.py): read what idle connections have
+        owed for over ``older_than`` seconds; True while some still owe."""
+        if self._pid != _PID:
+            return False  # the parent's connections
+        now = self._clock()
+        owing = False
+        due: list[tuple[Node, Connection]] = []
+        for node in self.nodes:
+            for conn in node.idle_owing():
+                if conn.state == READY and conn.owed_for(now) < older_than:
+                    owing = True  # the next round on it may well read it first
+                else:
+                    due.append((node, conn))
+        if not due:
+            return owing
+        # Take only what can move now (bytes in, room to write, or given up on):
+        # a hung node's connection stays in the pool for rounds to use.
+        poller = select.poll()
+        for _, conn in due:
+            poller.register(conn.fileno(), _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        ready = {fd for fd, _ in poller.poll(0)}
+        for node, conn in due:
+            if conn.fileno() in ready or conn.owed_for(now) > self._owed_age:
+                owing = node.finish(conn, now, self._owed_age) or owing
+            else:
+                owing = True
+        return owing
+
     def round(
         self,
         command: Command,
@@ -100,6 +134,7 @@ class NodeSet:
         enough_yes: Optional[int] = None,
         enough_no: Optional[int] = None,
         wait: bool = True,
+        deliver: bool = False,
     ) -> list[object]:
         """Send ``command`` to every node and collect one reply per node.
 
@@ -112,18 +147,43 @@ class NodeSet:
 
         ``wait=False`` only writes to nodes with an idle, ready connection and returns
         at once (a failed acquire's clean-up must not wait on hung nodes); their
-        replies are read and dropped by the next round on the same connection, which
-        also keeps the clean-up in order behind the command it undoes.
+        replies are read and dropped by the next round on the same connection (or
+        the finisher), which also keeps the clean-up in order behind the command it
+        undoes.
+
+        ``deliver=True``: the command must reach every node it could be sent to,
+        also those the round stopped waiting for (a release): a connection still
+        being set up keeps it, and a NOSCRIPT reply that comes after the round is
+        resent as EVAL. Without it, a command not yet sent when the round ends is
+        dropped (an acquire's SET must not land later).
         """
         self._check_fork()
         tally = Round(len(self.nodes), is_yes, enough_yes, enough_no)
         now = self._clock()
+        if wait and timeout > 0:
+            age = owed_age(timeout)
+            if age > self._owed_age:
+                self._owed_age = age
         conns = self._send_all(command, tally, now, timeout, wait)
-        if wait and self._collect(command, conns, tally, now + timeout):
+        timed_out = wait and self._collect(command, conns, tally, now + timeout)
+        if timed_out:
             tally.deadline_passed([node.address for node in self.nodes], timeout)
-        for node, conn in zip(self.nodes, conns):
-            if conn is not None:
-                node.checkin(conn, now)
+        owing = False
+        for i, (node, conn) in enumerate(zip(self.nodes, conns)):
+            if conn is None:
+                continue
+            if (
+                timed_out
+                and isinstance(tally.results[i], rexc.TimeoutError)
+                and conn.behind_for(now) > self._owed_age
+            ):
+                # Behind for long and no answer in time: out of step (requests lost
+                # on the way) or slower than the deadline for long. Start afresh.
+                conn.close()
+            elif node.checkin(conn, now, deliver):
+                owing = True
+        if owing:
+            finisher.note(self)
         return tally.finish()
 
     def _send_all(
@@ -131,15 +191,14 @@ class NodeSet:
     ) -> list[Optional[Connection]]:
         """Write ``command`` to every node; the connection each one is awaited on."""
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
-        owed_age = max(MIN_OWED_AGE, OWED_AGE_ROUNDS * timeout)
         for i, node in enumerate(self.nodes):
             try:
-                conn = node.checkout(wait, now, owed_age)
+                conn = node.checkout(wait, now, self._owed_age)
                 if conn is None:
                     continue
                 conns[i] = conn
                 try:
-                    conn.send(command.payload, command)
+                    conn.send(command.payload, command, now)
                 except rexc.ConnectionError:
                     if conn.born == now or not wait:
                         raise
@@ -147,7 +206,7 @@ class NodeSet:
                     # once more on a fresh one, within the same round.
                     conn.close()
                     conns[i] = conn = node.connect(now)
-                    conn.send(command.payload, command)
+                    conn.send(command.payload, command, now)
             except (rexc.RedisError, OSError) as exc:
                 tally.failed(i, _as_redis_error(exc, node.address))
                 failed = conns[i]
@@ -200,8 +259,8 @@ class NodeSet:
                         poller.register(fresh.fileno(), _POLLIN | _POLLOUT)
                     continue
                 for reply in replies:
-                    if tally.replied(i, reply):
-                        conn.send(command.fallback(), command)  # the node forgot our scripts
+                    if tally.replied(i, reply):  # the node forgot our scripts
+                        conn.send(command.fallback(), command, self._clock())
                 if results[i] is not AWAITED:
                     poller.unregister(fd)
                     del by_fd[fd]
@@ -226,7 +285,7 @@ class NodeSet:
             # our own value, so a resend is safe.
             try:
                 fresh = self.nodes[i].connect(started)
-                fresh.send(command.payload, command)
+                fresh.send(command.payload, command, started)
             except rexc.RedisError as again:
                 exc = again
             else:

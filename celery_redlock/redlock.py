@@ -46,7 +46,7 @@ from .holders import (
     split_value,
     tombstone,
 )
-from .lease import Duration, Lease
+from .lease import Duration, Extension, Lease
 from .nodes import Command, NodeSet
 from .watchdog import get_watchdog
 
@@ -313,7 +313,7 @@ class Redlock:
                 )  # fmt: skip
                 return _Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
-        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False)
+        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False, deliver=True)
         return self._why_not(key, results)
 
     def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
@@ -413,33 +413,40 @@ class Redlock:
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
-    def _extend_lease(self, lease: Lease, ttl: float) -> tuple[Optional[float], Optional[str]]:
+    def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
         """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
 
-        ``(new deadline, None)`` when a majority extended it within its validity;
-        ``(None, why)`` when the lease is lost; ``(None, None)`` at ``max_hold``.
+        Extended when a majority extended it within its validity. Lost when a
+        majority refused (the key is not ours there any more) or when another round
+        could not finish a node_timeout before the deadline (so the loss is known
+        before the lease runs out). Otherwise -- slow, hung or unreachable nodes --
+        ``retry_by`` says until when another round is worth it.
         """
         started = self._clock()
         deadline = lease.deadline
         if deadline - started <= 0:
-            return None, "validity ran out before it was extended"
+            return Extension(reason="validity ran out before it was extended")
         if lease.max_hold is not None:
             left = lease.acquired_at + lease.max_hold - started
             if left <= self._margin(ttl):
-                return None, None  # at the bound: let it run out
+                return Extension()  # at the bound: let it run out
             ttl = min(ttl, left)
         command = Command(scripts.EXTEND, [lease.key], [lease.value, _ms(ttl)])
         results = self._quorum_round(command, _is_one, min(self.node_timeout, deadline - started))
         finished = self._clock()
         won = sum(1 for r in results if r == 1)
         if won >= self.quorum and finished < deadline:
-            return started + ttl - self._margin(ttl), None
+            return Extension(deadline=started + ttl - self._margin(ttl))
         errors = [r for r in results if isinstance(r, BaseException)]
         detail = f" ({errors[0]})" if errors else ""
-        return (
-            None,
-            f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}",
-        )
+        reason = f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}"
+        refused = sum(1 for r in results if r == 0)
+        # A retry round must end a node_timeout before the deadline, so that its
+        # failure, too, is known while the lease is still valid.
+        retry_by = deadline - self._margin(ttl) - 2 * self.node_timeout
+        if refused > len(results) - self.quorum or finished >= retry_by:
+            return Extension(reason=reason)
+        return Extension(reason=reason, retry_by=retry_by)
 
     def _release_lease(self, lease: Lease) -> None:
         self._release(lease.key, lease.value, lease.ttl)
@@ -450,6 +457,7 @@ class Redlock:
             self.node_timeout,
             is_yes=_is_answer,
             enough_yes=self.quorum,
+            deliver=True,  # every node, also those the round stops waiting for
         )
         errors = [
             str(r) if str(r).startswith(node.address) else f"{node.address}: {r}"

@@ -1,10 +1,14 @@
 """One renewal thread per process for every lease that asks to be kept alive.
 
 A lease with a short TTL survives long work because the watchdog extends it at about
-ttl/3. A lease it cannot extend within its validity is marked lost (its ``on_lost``
-callbacks run once: the Celery integration turns that into the ``lock_lost`` signal
-and an ERROR log line). A lease at its ``max_hold`` bound is no longer extended; when
-its validity runs out it is marked lost too, so the holder learns it.
+ttl/3. A renewal that meets only slow or unreachable nodes (a round that timed out
+because this thread was descheduled under CPU load, a node restarting) is tried
+again every ttl/9 while the lease's validity leaves room for a round; a lease a
+majority refused, or that could not be extended in time, is marked lost (its
+``on_lost`` callbacks run once: the Celery integration turns that into the
+``lock_lost`` signal and an ERROR log line), before its deadline. A lease at its
+``max_hold`` bound is no longer extended; when its validity runs out it is marked
+lost too, so the holder learns it.
 
 Why one thread, not one per lease: a worker may hold many locks, and threads are
 the scarce thing in a prefork child. Fork-aware: a child process that asks for the
@@ -15,7 +19,8 @@ Under gevent or eventlet the thread is a greenlet: a CPU-bound task that never
 yields starves it, and its lease expires. Keep such tasks' TTL above their longest
 stretch without I/O.
 
-Imports only lease.py (no Celery, not redlock.py: the lock imports the watchdog).
+Imports only lease.py and background.py (no Celery, not redlock.py: the lock imports
+the watchdog).
 """
 
 from __future__ import annotations
@@ -24,11 +29,14 @@ import heapq
 import itertools
 import logging
 import os
-import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
+from .background import new_condition, new_lock, start_daemon_thread
 from .lease import Lease
+
+if TYPE_CHECKING:
+    import threading
 
 __all__ = ["Watchdog", "get_watchdog"]
 
@@ -43,7 +51,7 @@ class Watchdog:
         self._queue: list[tuple[float, int, Lease]] = []
         self._watched: dict[int, tuple[Lease, float]] = {}  # id -> (lease, interval)
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        self._cond = new_condition()
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
 
@@ -82,10 +90,7 @@ class Watchdog:
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._run, name="celery-redlock-watchdog", daemon=True
-            )
-            self._thread.start()
+            self._thread = start_daemon_thread(self._run, "celery-redlock-watchdog")
 
     def _run(self) -> None:
         while True:
@@ -117,6 +122,10 @@ class Watchdog:
         elif lease.lost_reason is not None or lease.released:
             self.unwatch(lease)  # lost (extend marked it) or released meanwhile
             return
+        elif lease.retry_by is not None:
+            # Only slow or unreachable nodes met, validity left: soon again, and
+            # once more at the last moment a round can still end in time.
+            due = min(self._clock() + every / 3, lease.retry_by)
         else:
             # At max_hold: no more extensions. Look again when validity runs out,
             # so the holder is told it lost the lock if it still has not released.
@@ -131,14 +140,14 @@ class Watchdog:
 
 
 _watchdog: Optional[Watchdog] = None
-_watchdog_lock = threading.Lock()
+_watchdog_lock = new_lock()
 
 
 def _forget_after_fork() -> None:
     # The parent's thread did not survive the fork, and its lock may have been held.
     global _watchdog, _watchdog_lock
     _watchdog = None
-    _watchdog_lock = threading.Lock()
+    _watchdog_lock = new_lock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -17,7 +17,13 @@ from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.fencing import fence_key, fenced_set, sql_fenced_update
 from celery_redlock.testing import RedisCluster, RedisServer
 
-TTL = 0.3
+#: The paused holder's lease: long enough that its fenced acquire (two rounds) fits
+#: with room to spare on a loaded machine, short enough for 20 pauses past it.
+TTL = 1.0
+#: For rounds that must succeed: a deadline no loaded machine misses.
+NODE_TIMEOUT = 0.5
+#: How long the parent waits for a message from the holder (it fails, not hangs).
+CHILD_REPLY_WITHIN = 30.0
 
 
 def _db(path: Path) -> sqlite3.Connection:
@@ -42,7 +48,7 @@ def _write(store_url: str, db_path: Path, body: str, fence: int) -> tuple[bool, 
 
 
 def _paused_holder(urls: list[str], store_url: str, db_path: Path, conn: Any) -> None:
-    lease = Redlock(urls, ttl=TTL, fencing=True).acquire("fenced-report")
+    lease = Redlock(urls, ttl=TTL, node_timeout=NODE_TIMEOUT, fencing=True).acquire("fenced-report")
     assert lease is not None and lease.fence is not None
     conn.send(("acquired", lease.fence, _write(store_url, db_path, "A-first", lease.fence)))
     assert conn.recv() == "write"  # the parent SIGSTOPs us before it sends this
@@ -65,18 +71,23 @@ def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
         )
         holder.start()
         try:
+            assert parent_end.poll(CHILD_REPLY_WITHIN), "the holder never acquired"
             tag, f1, first = parent_end.recv()
             assert tag == "acquired" and first == (True, True)
             assert holder.pid is not None
             os.kill(holder.pid, signal.SIGSTOP)
-            time.sleep(TTL + 0.05)  # the paused holder's validity runs out
-            lease = Redlock(redis_nodes.urls, ttl=5, fencing=True).acquire("fenced-report")
+            # Its validity counts from before it acquired: it has run out after TTL.
+            time.sleep(TTL)
+            # Its keys expire on the nodes soon after: a blocking acquire follows them.
+            rival = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
+            lease = rival.acquire("fenced-report", timeout=10 * TTL)
             assert lease is not None and lease.fence is not None
             f2 = lease.fence
             assert f2 > f1
             assert _write(store.url, db_path, "B", f2) == (True, True)
             os.kill(holder.pid, signal.SIGCONT)
             parent_end.send("write")
+            assert parent_end.poll(CHILD_REPLY_WITHIN), "the resumed holder never wrote"
             tag, stale, still_held = parent_end.recv()
             assert still_held is False  # the resumed holder sees its lease lost
             stale_accepted += sum(stale)
@@ -124,7 +135,7 @@ def test_fences_rise_across_processes_and_survive_a_minority_restart_with_data(
     redis_cluster_factory: Any,
 ) -> None:
     cluster: RedisCluster = redis_cluster_factory(5, appendonly=True)
-    redlock = Redlock(cluster.urls, ttl=5, fencing=True)
+    redlock = Redlock(cluster.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     fences = []
     for i in range(30):
         if i == 10:
@@ -150,8 +161,13 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
     cluster: RedisCluster = redis_cluster_factory(3)
     hidden = fault_proxy_factory(cluster[2])
     hidden.blackhole()  # node 2 never sees A's acquire or fence
-    a = Redlock([cluster[0].url, cluster[1].url, hidden.url], ttl=0.3, fencing=True)
-    b = Redlock(cluster.urls, ttl=5, fencing=True, node_timeout=0.1)
+    a = Redlock(
+        [cluster[0].url, cluster[1].url, hidden.url],
+        ttl=TTL,
+        node_timeout=NODE_TIMEOUT,
+        fencing=True,
+    )
+    b = Redlock(cluster.urls, ttl=5, fencing=True, node_timeout=NODE_TIMEOUT)
     if not clock_term:
         a._wall_us = b._wall_us = lambda: 0
     lease_a = a.acquire("restarted", blocking=False)
@@ -159,7 +175,7 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
     assert cluster[0].client().get("restarted\x00fence") is not None
     assert cluster[2].client().get("restarted\x00fence") is None
     cluster[0].kill()
-    time.sleep(0.4)  # a delayed restart: down longer than the largest TTL
+    time.sleep(TTL + 0.1)  # a delayed restart: down longer than the largest TTL
     cluster[0].restart(keep_data=False)
     cluster[1].pause()  # B's quorum is {0, 2}
     try:

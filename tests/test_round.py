@@ -1,14 +1,20 @@
-"""The round's state machine on its own: events in, decision and results out.
+"""The round's state machine on its own: events in, decision and results out; and
+the finisher's schedule, fed with pools that only count its sweeps.
 
-Pure logic (no sockets, no clock), so no servers here: the rounds over real nodes
-are proven in test_redlock.py and test_faults.py.
+No sockets, so no servers here: the rounds over real nodes, and the finisher
+reading real connections, are proven in test_redlock.py, test_tls_acl.py and
+test_faults.py.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from redis import exceptions as rexc
 
+from celery_redlock.finisher import Finisher
 from celery_redlock.round import NOT_AWAITED, Round
 
 NAMES = ["n0", "n1", "n2", "n3", "n4"]
@@ -93,3 +99,57 @@ def test_the_round_module_does_no_io() -> None:
 
     names = set(vars(round_module))
     assert not names & {"socket", "select", "selectors", "ssl", "time", "asyncio"}
+
+
+# -- the finisher's schedule (no sockets either: a pool that counts sweeps) ---------------
+
+
+class _CountingPool:
+    """Owes replies for ``sweeps`` sweeps, then nothing; raises on the first if told."""
+
+    def __init__(self, sweeps: int, fail_first: bool = False) -> None:
+        self.sweeps = sweeps
+        self.fail_first = fail_first
+        self.calls: list[float] = []
+        self.done = threading.Event()
+
+    def finish_owed(self, older_than: float) -> bool:
+        self.calls.append(older_than)
+        if self.fail_first and len(self.calls) == 1:
+            raise OSError("a pool that fails must not stop the thread")
+        if len(self.calls) >= self.sweeps:
+            self.done.set()
+            return False
+        return True
+
+
+def _wait_asleep(finisher: Finisher) -> None:
+    give_up = time.monotonic() + 10
+    while finisher._awake:
+        assert time.monotonic() < give_up, "the finisher never went back to sleep"
+        time.sleep(0.001)
+
+
+def test_the_finisher_sweeps_a_noted_pool_until_it_owes_nothing_then_sleeps() -> None:
+    finisher = Finisher(period=0.001)
+    pool = _CountingPool(sweeps=3)
+    finisher.note(pool)
+    finisher.note(pool)  # noted twice before a sweep: swept as one
+    assert pool.done.wait(10)
+    _wait_asleep(finisher)
+    assert pool.calls == [0.001] * 3  # asked only for replies owed a period or more
+    again = _CountingPool(sweeps=1)
+    finisher.note(again)  # wakes it once more
+    assert again.done.wait(10)
+    _wait_asleep(finisher)
+    assert len(pool.calls) == 3 and len(again.calls) == 1
+
+
+def test_a_pool_that_raises_is_dropped_and_the_others_are_still_swept() -> None:
+    finisher = Finisher(period=0.001)
+    failing, healthy = _CountingPool(sweeps=5, fail_first=True), _CountingPool(sweeps=2)
+    finisher.note(failing)
+    finisher.note(healthy)
+    assert healthy.done.wait(10)
+    _wait_asleep(finisher)
+    assert len(failing.calls) == 1 and len(healthy.calls) == 2

@@ -47,11 +47,17 @@ from click.testing import CliRunner
 import celery_redlock.redlock as redlock_module
 from celery_redlock import LockContended, QuorumUnavailable, Redlock
 from celery_redlock.cli import redlock as redlock_cli
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import FaultProxy, RedisCluster, RedisServer
 
 TESTS_DIR = Path(__file__).resolve().parent
-#: A round against a hung node may take node_timeout plus this much (a loaded machine).
-MARGIN = 0.5
+#: For rounds that must succeed, fresh TLS handshakes included: a deadline no loaded
+#: machine misses. Tests about a hung node bound its cost by 2 x this: one node_timeout
+#: for the round, never one per node.
+NODE_TIMEOUT = 1.0
+#: Keys whose release is checked live this long, and must be gone within
+#: RELEASED_WITHIN: that early, only the release can have removed them.
+KEY_TTL = 30.0
+RELEASED_WITHIN = 3.0
 
 
 # -- certificates and TLS servers -------------------------------------------------------------
@@ -228,8 +234,8 @@ def eventually(check: Callable[[], bool], timeout: float = 2.0) -> None:
 def test_tls_nodes_acquire_extend_release_and_name_the_holder(
     tls: list[TLSNode], certs: Certs
 ) -> None:
-    redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=0.5)
-    other = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=0.5)
+    redlock = Redlock(_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+    other = Redlock(_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     try:
         # A read round waits for every node: all TLS handshakes are done after it. (A
         # round on fresh connections that a quorum decides first leaves the slowest
@@ -247,12 +253,16 @@ def test_tls_nodes_acquire_extend_release_and_name_the_holder(
         with pytest.raises(LockContended) as caught:
             other.try_acquire("tls:job", blocking=False, holder="task-2@worker-b:8")
         assert caught.value.holder == "task-1@worker-a:7"
-        assert caught.value.ttl is not None and 0 < caught.value.ttl <= 5
+        assert caught.value.ttl is not None and 0 < caught.value.ttl <= KEY_TTL
 
         for node in tls:
-            node.plain.pexpire("tls:job", 1000)
-        assert lease.extend(ttl=4)
-        assert all(3000 < node.plain.pttl("tls:job") <= 4000 for node in tls)
+            node.plain.pexpire("tls:job", 10_000)
+        assert lease.extend(ttl=20)
+        # On every node, also the one the round did not wait for.
+        eventually(
+            lambda: all(10_000 < node.plain.pttl("tls:job") <= 20_000 for node in tls),
+            RELEASED_WITHIN,
+        )
 
         # The lock's own connections go to the TLS port, not the harness's plain one.
         for node in tls:
@@ -260,7 +270,7 @@ def test_tls_nodes_acquire_extend_release_and_name_the_holder(
             assert ours and {c["laddr"] for c in ours} == {f"127.0.0.1:{node.tls_port}"}
 
         lease.release()
-        eventually(lambda: _values(tls, "tls:job") == [None] * 3)
+        eventually(lambda: _values(tls, "tls:job") == [None] * 3, RELEASED_WITHIN)
         assert other.acquire("tls:job", blocking=False) is not None
     finally:
         redlock.close()
@@ -279,7 +289,7 @@ def test_unverifiable_server_fails_closed_naming_the_tls_error_within_node_timeo
     tls: list[TLSNode], certs: Certs, which_ca: str, host: str, says: str
 ) -> None:
     ca = certs.other_ca if which_ca == "other" else certs.ca
-    redlock = Redlock(_urls(tls, ca, host), ttl=5, node_timeout=0.3)
+    redlock = Redlock(_urls(tls, ca, host), ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         began = time.monotonic()
         with pytest.raises(QuorumUnavailable) as caught:
@@ -287,7 +297,7 @@ def test_unverifiable_server_fails_closed_naming_the_tls_error_within_node_timeo
         took = time.monotonic() - began
     finally:
         redlock.close()
-    assert took < 0.3 + MARGIN
+    assert took < 2 * NODE_TIMEOUT
     assert len(caught.value.errors) >= 2  # the round stops once 2 of 3 have failed
     for address, error in caught.value.errors.items():
         assert isinstance(error, redis.ConnectionError)
@@ -300,7 +310,7 @@ def test_unverifiable_server_fails_closed_naming_the_tls_error_within_node_timeo
 def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
     tls: list[TLSNode], certs: Certs
 ) -> None:
-    node_timeout = 0.2
+    node_timeout = NODE_TIMEOUT
     in_use = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
     fresh: Optional[Redlock] = None
     try:
@@ -309,31 +319,38 @@ def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
         warm.release()
         tls[0].server.pause()  # SIGSTOP: accepts TCP, never answers, never handshakes
 
+        # Three rounds, each stopped by the 2 live nodes: under a node_timeout each.
         began = time.monotonic()
         lease = in_use.acquire("tls:hung", blocking=False)
         assert lease is not None
+        assert time.monotonic() - began < node_timeout
+        began = time.monotonic()
         assert lease.extend()
+        assert time.monotonic() - began < node_timeout
+        began = time.monotonic()
         lease.release()
-        assert time.monotonic() - began < 3 * (node_timeout + MARGIN)
+        assert time.monotonic() - began < node_timeout
 
         fresh = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
         began = time.monotonic()
         fresh_lease = fresh.acquire("tls:fresh", blocking=False)
         took = time.monotonic() - began
         assert fresh_lease is not None  # the 2 live nodes are a quorum
-        assert took < node_timeout + MARGIN
-        assert fresh_lease.validity > 5 - node_timeout - MARGIN
+        assert took < node_timeout  # stopped at quorum: the hung handshake cost nothing
+        assert fresh_lease.deadline >= began + 5 - fresh._margin(5)
 
         tls[0].server.resume()
-        # The stalled handshake completes within the next round that waits for every
-        # node, and the connection is used in step from then on.
-        info = fresh.holder("tls:after")
-        assert [n.error for n in info.nodes] == [None] * 3
+        # The stalled handshake completes (by the next rounds that wait for every
+        # node, or the finisher), and the connection is used in step from then on.
+        give_up = time.monotonic() + 10 * node_timeout
+        while [n.error for n in fresh.holder("tls:after").nodes] != [None] * 3:
+            assert time.monotonic() < give_up, "the resumed node never answered"
+            time.sleep(0.01)
         again = fresh.acquire("tls:after", blocking=False)
         assert again is not None
         eventually(lambda: _values(tls, "tls:after") == [again.value.encode()] * 3)
         again.release()
-        eventually(lambda: _values(tls, "tls:after") == [None] * 3)
+        eventually(lambda: _values(tls, "tls:after") == [None] * 3, RELEASED_WITHIN)
     finally:
         tls[0].server.resume()
         in_use.close()
@@ -341,10 +358,41 @@ def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
             fresh.close()
 
 
+def test_a_release_on_a_connection_still_in_its_tls_handshake_reaches_the_node(
+    tls: list[TLSNode], certs: Certs, fault_proxy_factory: Callable[..., FaultProxy]
+) -> None:
+    # Node 2 is behind a proxy that delays every chunk by 0.6 s: a TLS handshake with
+    # it takes over 2 x 0.6 s, far past the rounds' 0.3 s deadline, so a round on a
+    # fresh connection to it always ends (at quorum) with the handshake unfinished.
+    slow = fault_proxy_factory(("127.0.0.1", tls[2].tls_port))
+    slow.delay(0.6)
+    urls = [tls[0].url(certs.ca), tls[1].url(certs.ca), _proxied_url(slow, certs.ca)]
+    redlock = Redlock(urls, ttl=KEY_TTL, node_timeout=0.3)
+    try:
+        redlock.holder("tls:pending")  # sets up the connections to nodes 0 and 1
+        lease = redlock.acquire("tls:pending", blocking=False)
+        assert lease is not None
+        # The acquire's SET to node 2 was dropped with its unfinished handshake (by
+        # design: it must not land after the round). Give node 2 the key by hand.
+        tls[2].plain.set("tls:pending", lease.value, px=int(KEY_TTL * 1000))
+        redlock.close()  # the release goes out on fresh connections
+        lease.release()
+        assert tls[2].plain.get("tls:pending") == lease.value.encode()  # not yet
+        # No further round is made: the handshake is finished, and the release sent,
+        # in the background. Gone long before the key's TTL.
+        eventually(lambda: _values(tls, "tls:pending") == [None] * 3, 10 * 0.6 * 2)
+    finally:
+        redlock.close()
+
+
+def _proxied_url(proxy: FaultProxy, ca: Path) -> str:
+    return f"rediss://127.0.0.1:{proxy.port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
+
+
 def test_two_hung_tls_nodes_fail_within_node_timeout_not_per_node(
     tls: list[TLSNode], certs: Certs
 ) -> None:
-    redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=0.3)
+    redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         tls[0].server.pause()
         tls[1].server.pause()
@@ -356,9 +404,9 @@ def test_two_hung_tls_nodes_fail_within_node_timeout_not_per_node(
         tls[0].server.resume()
         tls[1].server.resume()
         redlock.close()
-    assert took < 0.3 + MARGIN
+    assert took < 2 * NODE_TIMEOUT
     assert set(caught.value.errors) == {tls[0].address, tls[1].address}
-    assert all("no reply within 300 ms" in str(e) for e in caught.value.errors.values())
+    assert all("no reply within 1000 ms" in str(e) for e in caught.value.errors.values())
 
 
 def test_waiting_on_hung_tls_handshakes_does_not_burn_cpu(tls: list[TLSNode], certs: Certs) -> None:
@@ -423,8 +471,8 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
     """Acquire, extend, contend, name the holder, release, fenced acquire; the
     problems met (empty when everything works), checked on the nodes themselves."""
     problems: list[str] = []
-    plain = Redlock(urls, ttl=5, node_timeout=0.5)
-    fenced = Redlock(urls, ttl=5, node_timeout=0.5, fencing=True)
+    plain = Redlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+    fenced = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     try:
         try:
             lease = plain.acquire(key, blocking=False, holder="locker@acl:1")
@@ -444,8 +492,8 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
             problems.append(f"contended acquire: {exc}")
         if plain.holder(key).holder != "locker@acl:1":
             problems.append(f"holder(): {plain.holder(key)}")
-        lease.release()  # returns once a quorum answered: give the last node a moment
-        deadline = time.monotonic() + 0.5
+        lease.release()  # returns once a quorum answered; the last node follows
+        deadline = time.monotonic() + RELEASED_WITHIN
         while (left := sum(client.exists(key) for client in admin)) and time.monotonic() < deadline:
             time.sleep(0.01)
         if left:
@@ -471,7 +519,7 @@ def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
     admin = [server.client() for server in acl_nodes]
     assert lock_cycle(urls, "redlock:acl:job", admin) == []
     # The key restriction is real: the same user cannot lock outside the prefix.
-    outside = Redlock(urls, ttl=5, node_timeout=0.5)
+    outside = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         with pytest.raises(QuorumUnavailable) as caught:
             outside.acquire("elsewhere:job", blocking=False)
@@ -480,7 +528,7 @@ def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
     assert "NOPERM" in str(caught.value) and "key" in str(caught.value)
     # And with the recommended extras, a SCRIPT FLUSH mid-lease is survived.
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *RECOMMENDED_EXTRA)
-    redlock = Redlock(urls, ttl=5, node_timeout=0.5)
+    redlock = Redlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     try:
         lease = redlock.acquire("redlock:acl:flush", blocking=False)
         assert lease is not None
@@ -488,7 +536,11 @@ def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
             client.script_flush()
         assert lease.extend()
         lease.release()
-        eventually(lambda: [c.exists("redlock:acl:flush") for c in admin] == [0, 0, 0])
+        # Also on the node whose NOSCRIPT came after the round returned, although no
+        # further round is made: gone long before the TTL.
+        eventually(
+            lambda: [c.exists("redlock:acl:flush") for c in admin] == [0, 0, 0], RELEASED_WITHIN
+        )
     finally:
         redlock.close()
 
@@ -505,12 +557,12 @@ def test_each_minimal_permission_is_needed(acl_nodes: RedisCluster, dropped: str
 def test_a_wrong_password_fails_with_an_error_naming_each_node(acl_nodes: RedisCluster) -> None:
     set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)
     urls = [f"redis://locker:wrong@127.0.0.1:{server.port}/0" for server in acl_nodes]
-    redlock = Redlock(urls, ttl=5, node_timeout=0.5)
+    redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         began = time.monotonic()
         with pytest.raises(QuorumUnavailable) as caught:
             redlock.acquire("redlock:acl:pw", blocking=False)
-        assert time.monotonic() - began < 0.5 + MARGIN
+        assert time.monotonic() - began < 2 * NODE_TIMEOUT
     finally:
         redlock.close()
     # Named node by node (the round stops once 2 of 3 have failed).
@@ -526,7 +578,7 @@ def test_a_user_without_evalsha_gets_a_clear_error_from_acquire(acl_nodes: Redis
     urls = set_user(
         acl_nodes, "locker", "pw", *(r for r in MINIMAL_ACL if r != "+evalsha"), "+eval"
     )
-    redlock = Redlock(urls, ttl=5, node_timeout=0.5)
+    redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         with pytest.raises(QuorumUnavailable) as caught:
             redlock.acquire("redlock:acl:noperm", blocking=False)
@@ -578,7 +630,7 @@ def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
 
 def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisCluster) -> None:
     urls = set_user(acl_nodes, "ops", "pw", "~*", "+@all", "-evalsha", "-eval")
-    redlock = Redlock(urls, ttl=5, node_timeout=0.5)
+    redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         with pytest.raises(QuorumUnavailable, match="NOPERM"):
             redlock.acquire("redlock:acl:doctor", blocking=False)
@@ -596,7 +648,7 @@ def test_a_release_refused_by_every_node_is_reported(
     acl_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *(r for r in MINIMAL_ACL if r != "+del"))
-    redlock = Redlock(urls, ttl=5, node_timeout=0.5)
+    redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         lease = redlock.acquire("redlock:acl:release", blocking=False)
         assert lease is not None
@@ -646,7 +698,7 @@ def test_a_million_lock_tokens_from_8_processes_are_all_distinct(
         return token
 
     monkeypatch.setattr(secrets, "token_urlsafe", spy)
-    lease = Redlock([redis_server.url]).acquire("tokens", blocking=False)
+    lease = Redlock([redis_server.url], node_timeout=NODE_TIMEOUT).acquire("tokens", blocking=False)
     monkeypatch.undo()
     assert lease is not None
     ((nbytes, token),) = made
@@ -674,7 +726,6 @@ def test_a_million_lock_tokens_from_8_processes_are_all_distinct(
     expected = total * 26 / 64
     chi2 = sum((counts[i] - expected) ** 2 / expected for i in range(64))
     assert chi2 < 140, chi2
-    assert took < 20
     print(
         f"{total} tokens of 20 bytes from {TOKEN_PROCESSES} processes in {took:.1f}s: "
         f"0 duplicates, symbol chi-square {chi2:.1f} (63 dof)"
