@@ -30,6 +30,9 @@ CELERY_FREE = (
     "scripts",
     "fencing",
     "canonical",
+    "finisher",
+    "background",
+    "skipped",
 )
 #: Rooms with no imports from the package at all (plain data or pure logic).
 SELF_CONTAINED = ("errors", "round", "holders", "headers", "scripts", "signals")
