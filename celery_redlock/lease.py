@@ -48,8 +48,11 @@ class LeaseOwner(Protocol):
     def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
         """One extension round (see ``Extension``); all None at ``max_hold``."""
 
-    def _release_lease(self, lease: Lease) -> None:
-        """Compare-and-delete the lease's key on every node."""
+    def _release_lease(self, lease: Lease) -> bool:
+        """Compare-and-delete the lease's key on every node (see ``Lease.release``)."""
+
+    def _owned_lease(self, lease: Lease) -> bool:
+        """Whether a quorum of nodes still holds the lease's value (one read round)."""
 
 
 class Lease:
@@ -202,18 +205,30 @@ class Lease:
                 logger.exception("lock_extended callback failed for %s", self.key)
         return True
 
-    def release(self) -> None:
-        """Delete the key on all nodes where it still holds our token. Idempotent.
+    def release(self) -> bool:
+        """Delete the key on all nodes where it still holds our token.
 
-        Waits for a majority to answer at most (never for hung nodes): the others
-        get the command too, and the process's finisher reads their replies soon
-        after (resending it as EVAL to a node that forgot the script).
+        True when a quorum of nodes deleted our value; False when it was no longer
+        ours (enough nodes answered that they did not hold it that no quorum could
+        have: it expired or another holder took it); ``QuorumUnavailable`` when too
+        few nodes answered to tell (the key frees itself at its TTL). Idempotent: a
+        later call sends nothing and returns False (it released nothing).
+
+        Returns once a quorum deleted it (never waits for hung nodes then): the
+        others get the command too, and the process's finisher reads their replies
+        soon after (resending it as EVAL to a node that forgot the script).
         """
         with self._lock:
             if self._released:
-                return
+                return False
             self._released = True
-        self._owner._release_lease(self)
+        return self._owner._release_lease(self)
+
+    def owned(self) -> bool:
+        """Whether a quorum of nodes still holds our token: the nodes' view, one read
+        round (``held`` is the local guarantee, with no round). ``QuorumUnavailable``
+        when too few nodes answered to tell."""
+        return self._owner._owned_lease(self)
 
     def __enter__(self) -> Lease:
         return self

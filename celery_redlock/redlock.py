@@ -15,8 +15,10 @@ With ``fencing=True`` a second round makes ``lease.fence`` strictly increase fro
 one holder to the next (see ``Redlock.acquire``).
 
 Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
-holders.py; the ``Lease`` a caller holds is lease.py; talking to the nodes is
-nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
+holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
+(``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
+replies read as True, False or ``QuorumUnavailable`` are admin.py; talking to the
+nodes is nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
 import it; lease.py, holders.py and watchdog.py must not import this module.
 """
 
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import scripts, validate
-from .errors import ConfigurationError, LockContended, QuorumUnavailable
+from .admin import LockQueries, is_one, lease_value, ms, token_argument
+from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable, RedlockError
 from .holders import (
     FENCE,
     INTERNAL,
@@ -81,23 +84,11 @@ def quorum(n: int) -> int:
 
 def release_command(key: str, value: str, ttl: float) -> Command:
     """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
-    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, _ms(ttl)])
-
-
-def _is_one(reply: object) -> bool:
-    return reply == 1
+    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
 
 
 def _is_granted(reply: object) -> bool:
     return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
-
-
-def _is_answer(reply: object) -> bool:
-    return not isinstance(reply, BaseException)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 @dataclass
@@ -110,7 +101,7 @@ class _Attempt:
     unavailable: Optional[QuorumUnavailable] = None
 
 
-class Redlock:
+class Redlock(LockQueries):
     """The Redlock distributed lock over N independent Redis masters.
 
     ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
@@ -212,6 +203,7 @@ class Redlock:
         blocking: bool = True,
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
+        token: Optional[str] = None,
     ) -> Optional[Lease]:
         """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
 
@@ -219,12 +211,16 @@ class Redlock:
         retry_count`` attempts; with ``timeout`` (seconds): attempts until it runs
         out. Between attempts a random wait, cut short when the holder's lock expires
         sooner. ``holder`` is stored beside the token so contention can name us
-        (default ``hostname:pid``).
+        (default ``hostname:pid``). ``token``: the lease's token, chosen by the
+        caller (16..256 characters, no ``|``; default 20 random bytes), so that
+        another process knowing it can ``extend_value`` / ``release_value`` the
+        lease; it must be unique to this acquisition. ``timeout`` with
+        ``blocking=False`` is refused (one attempt has nothing to time out).
 
         Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
         because too few nodes answered, rather than because someone holds the key.
         """
-        attempt = self._acquire(key, ttl, blocking, timeout, holder)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
         if attempt.unavailable is not None:
             raise attempt.unavailable
         return attempt.lease
@@ -236,10 +232,11 @@ class Redlock:
         blocking: bool = True,
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
+        token: Optional[str] = None,
     ) -> Lease:
         """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
         instead of returning ``None``."""
-        attempt = self._acquire(key, ttl, blocking, timeout, holder)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
         if attempt.unavailable is not None:
             raise attempt.unavailable
         if attempt.lease is None:
@@ -253,6 +250,7 @@ class Redlock:
         blocking: bool,
         timeout: Optional[Duration],
         holder: Optional[str],
+        token: Optional[str],
     ) -> _Attempt:
         key = validate.lock_key_name(key, reserved=INTERNAL)
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
@@ -261,6 +259,14 @@ class Redlock:
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
         limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
+        blocking = bool(blocking)
+        if not blocking and limit is not None:
+            raise ConfigurationError(
+                f"timeout ({limit}s) is only meaningful with blocking=True; with "
+                "blocking=False there is one attempt: drop timeout or set blocking=True"
+            )
+        if token is not None:
+            token = token_argument(token)
         if holder is not None and (not isinstance(holder, str) or "\n" in holder):
             raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
         if holder is not None:
@@ -269,7 +275,7 @@ class Redlock:
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
         while True:
-            attempt = self._attempt(key, lease_ttl, who)
+            attempt = self._attempt(key, lease_ttl, who, token)
             if attempt.lease is not None:
                 return attempt
             attempts += 1
@@ -288,10 +294,10 @@ class Redlock:
                 delay = min(delay, left)
             self._sleep(delay)
 
-    def _attempt(self, key: str, ttl: float, holder: str) -> _Attempt:
-        token = secrets.token_urlsafe(20)
+    def _attempt(self, key: str, ttl: float, holder: str, chosen: Optional[str]) -> _Attempt:
+        token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
-        ttl_ms = _ms(ttl)
+        ttl_ms = ms(ttl)
         if self.fencing:
             command = Command(
                 scripts.ACQUIRE_FENCED,
@@ -336,7 +342,7 @@ class Redlock:
         if left <= 0:
             return None
         command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
-        results = self._quorum_round(command, _is_one, min(self.node_timeout, left))
+        results = self._quorum_round(command, is_one, min(self.node_timeout, left))
         recorded = sum(1 for r in results if r == 1)
         if recorded >= self.quorum and self._clock() < deadline:
             return fence
@@ -384,7 +390,11 @@ class Redlock:
         in time. ``auto_extend=True`` has the process's watchdog renew the lease at
         ttl/3 while the block runs; if a renewal fails the lease is marked lost
         (``lease.held`` turns False, ``lease.ensure_held()`` raises ``LockLost``).
-        Released on exit, also on error.
+        Released on exit, also on error. Leaving the block normally raises
+        ``LockLost`` when the lease was lost meanwhile (the block's work was not
+        exclusive to the end) and ``QuorumUnavailable`` when the release could not
+        reach a quorum; when the block raised, its exception propagates and a failed
+        release is only logged.
         """
         lease = self.try_acquire(key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder)
         watchdog = None
@@ -393,23 +403,35 @@ class Redlock:
             watchdog.watch(lease)
         try:
             yield lease
-        finally:
+        except BaseException:
             if watchdog is not None:
                 watchdog.unwatch(lease)
-            lease.release()
+            try:
+                lease.release()
+            except RedlockError as exc:  # the block's own error is the one to see
+                logger.warning("releasing lock %s after an error failed: %s", key, exc)
+            raise
+        if watchdog is not None:
+            watchdog.unwatch(lease)
+        lost = lease.lost_reason
+        try:
+            released = lease.release()
+        except QuorumUnavailable as exc:
+            if lost is not None:
+                raise LockLost(lease.key, lost) from exc
+            raise
+        if lost is not None or not released:
+            raise LockLost(lease.key, lost or "the key no longer held this lease's token")
 
     # -- release and inspection ------------------------------------------------------
 
-    def release_value(self, key: str, value: str) -> None:
+    def release_value(self, key: str, value: str) -> bool:
         """Compare-and-delete ``key`` on all nodes if it still holds ``value`` (a
         lease's ``token|holder``): releases a lock taken by another process that
         handed its value over, e.g. in a message header. Never touches another
-        holder's lock."""
-        if not isinstance(value, str) or "|" not in value:
-            raise ConfigurationError(
-                f"value must be a lease's stored value, a 'token|holder' str, got {value!r}"
-            )
-        self._release(validate.lock_key_name(key, reserved=INTERNAL), value, self.ttl)
+        holder's lock. Returns and raises as ``Lease.release``."""
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        return self._release(key, lease_value(value), self.ttl)
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
@@ -431,8 +453,8 @@ class Redlock:
             if left <= self._margin(ttl):
                 return Extension()  # at the bound: let it run out
             ttl = min(ttl, left)
-        command = Command(scripts.EXTEND, [lease.key], [lease.value, _ms(ttl)])
-        results = self._quorum_round(command, _is_one, min(self.node_timeout, deadline - started))
+        command = Command(scripts.EXTEND, [lease.key], [lease.value, ms(ttl)])
+        results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
         finished = self._clock()
         won = sum(1 for r in results if r == 1)
         if won >= self.quorum and finished < deadline:
@@ -448,28 +470,20 @@ class Redlock:
             return Extension(reason=reason)
         return Extension(reason=reason, retry_by=retry_by)
 
-    def _release_lease(self, lease: Lease) -> None:
-        self._release(lease.key, lease.value, lease.ttl)
+    def _release_lease(self, lease: Lease) -> bool:
+        return self._release(lease.key, lease.value, lease.ttl)
 
-    def _release(self, key: str, value: str, ttl: float) -> None:
+    def _release(self, key: str, value: str, ttl: float) -> bool:
+        # Stops at a quorum of deletions; otherwise hears every node (or times out),
+        # to tell "not ours any more" from "too few answered".
         results = self._nodes.round(
             release_command(key, value, ttl),
             self.node_timeout,
-            is_yes=_is_answer,
+            is_yes=is_one,
             enough_yes=self.quorum,
             deliver=True,  # every node, also those the round stops waiting for
         )
-        errors = [
-            str(r) if str(r).startswith(node.address) else f"{node.address}: {r}"
-            for node, r in zip(self._nodes.nodes, results)
-            if isinstance(r, BaseException)
-        ]
-        if len(errors) > len(results) - self.quorum:
-            # Not a majority released it: it frees itself at its TTL. Say so.
-            logger.warning(
-                "release of lock %s failed on %d of %d nodes; it expires within %.1fs: %s",
-                key, len(errors), len(results), ttl, "; ".join(errors),
-            )  # fmt: skip
+        return self._agreed(key, results, is_one)
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""

@@ -20,6 +20,7 @@ __all__ = [
     "EXTEND",
     "FENCE",
     "FENCED_SET",
+    "FORCE_RELEASE",
     "HOLDER",
     "RELEASE",
     "Script",
@@ -140,6 +141,16 @@ return {redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
 """
 )
 
+FORCE_RELEASE: Final = Script(
+    """
+-- KEYS[1] lock key; no token check (an operator's release of a stuck lock).
+-- Only the lock key: its fence counter stays (fences never go backwards) and its
+-- tombstones expire by themselves.
+-- returns 1 when the key existed and is now deleted; 0 when it was absent
+return redis.call('del', KEYS[1])
+"""
+)
+
 FENCED_SET: Final = Script(
     """
 -- Storage side of fencing: a write guarded by the writer's fence.
@@ -158,4 +169,4 @@ return 1
 """
 )
 
-ALL_SCRIPTS: Final = (ACQUIRE, ACQUIRE_FENCED, FENCE, EXTEND, RELEASE, HOLDER)
+ALL_SCRIPTS: Final = (ACQUIRE, ACQUIRE_FENCED, FENCE, EXTEND, RELEASE, HOLDER, FORCE_RELEASE)

@@ -292,7 +292,8 @@ def test_watchdog_marks_lease_lost_when_a_quorum_stops_answering(
         lost.append((lease.key, time.monotonic(), lease.deadline))
         gone.set()
 
-    with redlock.lock("fragile", auto_extend=True) as lease:
+    # Leaving the block raises LockLost: the lease was lost while it ran.
+    with pytest.raises(LockLost), redlock.lock("fragile", auto_extend=True) as lease:
         lease.on_lost(on_lost)
         assert _count_extensions(lease, 1).wait(timeout=30)
         for server in list(redis_nodes)[:3]:

@@ -67,10 +67,14 @@ def release_with_token(node: Node, key: str, token: str) -> NodeRelease:
 
 
 def force_release(node: Node, key: str) -> NodeRelease:
-    """Delete ``key`` on ``node`` whoever holds it (its fence counter is kept)."""
+    """Delete ``key`` on ``node`` whoever holds it (its fence counter is kept).
+
+    The deletion of ``Redlock.force_release`` (the FORCE_RELEASE script), node by
+    node, so the report can say who held the key on each one.
+    """
     pipe = node.client().pipeline(transaction=True)
     pipe.get(key)
-    pipe.delete(key)
+    pipe.eval(scripts.FORCE_RELEASE.source, 1, key)
     value, deleted = pipe.execute()
     if not deleted:
         return NodeRelease(node.address, ABSENT)
