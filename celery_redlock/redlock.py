@@ -413,6 +413,8 @@ class Redlock(LockQueries):
             raise
         if watchdog is not None:
             watchdog.unwatch(lease)
+        if lease.released:
+            return  # released in the block: its outcome was the block's to read
         lost = lease.lost_reason
         try:
             released = lease.release()

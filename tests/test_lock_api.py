@@ -97,6 +97,8 @@ def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
     with redlock.lock("kept") as lease:
         assert lease.held
     assert lease.released
+    with redlock.lock("early") as lease:
+        assert lease.release() is True  # released in the block: leaving says nothing
 
 
 # -- server-side queries ---------------------------------------------------------------
