@@ -183,8 +183,10 @@ class LockQueries:
     def clear(self, match: str = "*") -> int:
         """Force-release every lock key matching the glob ``match`` on every node
         (SCAN per node); how many distinct keys were deleted. Fence counters and
-        tombstones are skipped (see ``force_release``). ``QuorumUnavailable`` when
-        fewer than a quorum of nodes could be cleared."""
+        tombstones are skipped (see ``force_release``); every other matching key
+        goes, so on nodes shared with other data pass the locks' prefix (the
+        Celery integration's keys start with ``redlock_key_prefix``).
+        ``QuorumUnavailable`` when fewer than a quorum of nodes could be cleared."""
         if not isinstance(match, str) or not match or INTERNAL in match:
             raise ConfigurationError(
                 f"match must be a non-empty glob str without NUL (e.g. 'report:*'), got {match!r}"
