@@ -492,7 +492,11 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
             problems.append(f"contended acquire: {exc}")
         if plain.holder(key).holder != "locker@acl:1":
             problems.append(f"holder(): {plain.holder(key)}")
-        lease.release()  # returns once a quorum answered; the last node follows
+        try:  # returns once a quorum deleted it; the last node follows
+            if not lease.release():
+                problems.append("release: the lease was no longer ours")
+        except QuorumUnavailable as exc:
+            problems.append(f"release: {exc}")
         deadline = time.monotonic() + RELEASED_WITHIN
         while (left := sum(client.exists(key) for client in admin)) and time.monotonic() < deadline:
             time.sleep(0.01)
