@@ -26,6 +26,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from prometheus_client import CollectorRegistry
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_redlock import RedlockTask, metrics
@@ -318,12 +319,32 @@ PREFORK_APP = textwrap.dedent(
 
 
     @app.task(base=RedlockTask, redlock_key=["tag"], redlock_ttl=5, name="p.hold")
-    def hold(seconds, tag):
+    def hold(seconds, tag, gate=None):
+        """Runs `seconds`, then, given a gate, until the test sets that key (60 s at most)."""
         observer.rpush("pids:" + tag, os.getpid())
         time.sleep(seconds)
+        deadline = time.monotonic() + 60
+        while gate is not None and not observer.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return os.getpid()
     '''
 )
+
+
+def test_a_scrape_skips_the_file_a_starting_process_has_not_sized_yet(tmp_path: Path) -> None:
+    """A child creates its value file empty and sizes it a moment later; a scrape in
+    between used to fail whole (prometheus_client cannot read an empty file)."""
+    written: Any = MmapedDict(str(tmp_path / "counter_101.db"))  # type: ignore[no-untyped-call]
+    key = mmap_key("celery_redlock_lost", "celery_redlock_lost_total", ["task"], ["t"], "h")
+    written.write_value(key, 3.0, 0.0)
+    written.close()
+    # Files as they are between open() and truncate(): a counter and a live gauge of
+    # a process that exists (this one), so neither is removed as a dead process's.
+    (tmp_path / "counter_102.db").touch()
+    (tmp_path / f"gauge_livesum_{os.getpid()}.db").touch()
+    registry = metrics.multiprocess_registry(str(tmp_path))
+    assert registry.get_sample_value("celery_redlock_lost_total", {"task": "t"}) == 3.0
+    assert (tmp_path / f"gauge_livesum_{os.getpid()}.db").exists()
 
 
 def _gauge_files(directory: Path) -> set[str]:
@@ -376,10 +397,18 @@ def test_prefork_children_are_added_up_in_multiprocess_mode(
         def held() -> float:
             return _sample(_scrape(port), "celery_redlock_held", task="p.hold")
 
-        # Two tasks at once, one per child: the main process adds both up.
+        # Two tasks at once, one per child, each held >= 1 s and until the test has
+        # seen both held: the main process adds both up.
+        sent = time.monotonic()
         for tag in ("a", "b"):
-            client.send_task("p.hold", args=(1.0, tag))
-        _eventually(lambda: held() == 2, timeout=10, what="held == 2")
+            client.send_task("p.hold", args=(1.0, tag), kwargs={"gate": "both-seen"})
+        # A body records its pid after its lock is counted held: wait for both.
+        _eventually(
+            lambda: held() == 2 and all(observer.llen(f"pids:{tag}") for tag in ("a", "b")),
+            timeout=30,
+            what="held == 2",
+        )
+        observer.set("both-seen", 1)
         pids = {int(pid) for tag in ("a", "b") for pid in observer.lrange(f"pids:{tag}", 0, -1)}
         assert len(pids) == 2, pids  # really two processes
         _eventually(
@@ -387,15 +416,17 @@ def test_prefork_children_are_added_up_in_multiprocess_mode(
             timeout=10,
             what="both released",
         )
+        both_within = time.monotonic() - sent
         text = _scrape(port)
         assert _sample(text, "celery_redlock_held", task="p.hold") == 0
         assert _sample(text, "celery_redlock_acquire_seconds_count", task="p.hold") == 2
-        assert 2 <= _sample(text, "celery_redlock_hold_seconds_sum", task="p.hold") < 10
+        hold_sum = _sample(text, "celery_redlock_hold_seconds_sum", task="p.hold")
+        assert 2 <= hold_sum <= 2 * both_within  # each child's >= 1 s hold, added up
 
         # A child SIGKILLed mid-task (as by a hard time limit) sends no shutdown
         # signal; the scrape forgets its held gauge because the process is gone.
-        client.send_task("p.hold", args=(30.0, "k"))
-        _eventually(lambda: held() == 1, timeout=10, what="held == 1")
+        client.send_task("p.hold", args=(0, "k"), kwargs={"gate": "never"})
+        _eventually(lambda: held() == 1 and observer.llen("pids:k"), timeout=30, what="held == 1")
         victim = int(observer.lrange("pids:k", 0, -1)[0])
         os.kill(victim, signal.SIGKILL)
         _eventually(lambda: held() == 0, timeout=10, what="dead child forgotten")
