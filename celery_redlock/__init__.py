@@ -16,7 +16,8 @@ from .errors import (
     RedlockError,
 )
 from .redlock import HolderInfo, Lease, NodeHolding, Redlock
-from .task import SKIPPED, RedlockTask, redlock_task
+from .skipped import SKIPPED, is_skipped
+from .task import RedlockTask, redlock_task
 
 __all__ = [
     "SKIPPED",
@@ -32,6 +33,7 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "RedlockTask",
+    "is_skipped",
     "redlock_task",
     "signals",
 ]

@@ -1,6 +1,8 @@
 """Settings: app-wide ``redlock_*`` keys and per-task options, validated once.
 
-App-wide defaults live in ``app.conf`` as lowercase ``redlock_*`` keys; a task overrides
+App-wide defaults live in ``app.conf`` as lowercase ``redlock_*`` keys (or namespaced,
+``CELERY_REDLOCK_TTL``, under ``config_from_object(obj, namespace="CELERY")``, which
+Celery resolves for us; only the unknown-name check needs the namespace); a task overrides
 any per-task option with a class attribute of the same name (``@app.task(base=RedlockTask,
 redlock_ttl=60)``). Both are read once, validated with errors that name the setting and
 what it accepts, and cached: the app's on the app (as celery-redbeat does), a task's on
@@ -51,8 +53,8 @@ def _nodes(conf: Any) -> tuple[str, ...]:
 class AppConfig:
     """The app-wide settings, validated, and the Redlock instances built from them."""
 
-    def __init__(self, conf: Any) -> None:
-        check_setting_names(_keys(conf))
+    def __init__(self, conf: Any, namespace: Optional[str] = None) -> None:
+        check_setting_names(_keys(conf), namespace)
         values = {name: conf.get(name, default) for name, default in DEFAULTS.items()}
         # Settings may be None to mean "default" (e.g. from an env-driven config).
         values = {k: (DEFAULTS[k] if v is None else v) for k, v in values.items()}
@@ -105,7 +107,8 @@ def app_config(app: Any) -> AppConfig:
         with _config_lock:
             config = getattr(app, "_redlock_config", None)
             if config is None:
-                config = AppConfig(app.conf)
+                # config_from_object(obj, namespace="CELERY"): CELERY_REDLOCK_TTL
+                config = AppConfig(app.conf, getattr(app, "namespace", None))
                 app._redlock_config = config
     return config
 

@@ -134,7 +134,8 @@ OPTIONS: tuple[Option, ...] = (
         "retry",
         partial(validate.choice, accepted=ON_CONTENDED),
         "task",
-        '`"retry"`, `"skip"` (state `SKIPPED`, logged) or `"fail"` (`LockContended`)',
+        '`"retry"`, `"skip"` (logged; ends SUCCESS with the skipped marker, see '
+        '"Results of a skipped copy") or `"fail"` (`LockContended`)',
     ),
     Option(
         "redlock_retry_backoff",
@@ -290,14 +291,32 @@ def as_settings(options: TaskOptions) -> dict[str, Any]:
     return {name: getattr(options, BY_NAME[name].field) for name in TASK_OPTIONS}
 
 
-def check_setting_names(names: Iterable[str]) -> None:
-    """Refuse an unknown ``redlock_*`` app setting (a typo would be ignored silently)."""
-    unknown = sorted(n for n in names if n.startswith("redlock_") and n not in DEFAULTS)
-    if unknown:
+def check_setting_names(names: Iterable[str], namespace: Optional[str] = None) -> None:
+    """Refuse an unknown ``redlock_*`` app setting (a typo would be ignored silently).
+
+    With a Celery namespace (``app.config_from_object(obj, namespace="CELERY")``, as
+    Django projects do) Celery reads ``redlock_ttl`` from ``CELERY_REDLOCK_TTL``: the
+    key is the namespace plus the name, in the namespace's case. A name that starts
+    like that but is not one of ours (``CELERY_REDLOCK_TTLL``) is refused too.
+    """
+    prefix = namespace.rstrip("_") + "_" if namespace else ""
+    namespaced = {_in_case_of(prefix + name, prefix): name for name in DEFAULTS}
+    starts = (prefix + "redlock_").lower()
+    for name in sorted(names):
+        if name.startswith("redlock_") and name not in DEFAULTS:
+            accepted = sorted(DEFAULTS)
+        elif prefix and name.lower().startswith(starts) and name not in namespaced:
+            accepted = sorted(namespaced)
+        else:
+            continue
         raise ConfigurationError(
-            f"unknown setting {unknown[0]!r}; accepted redlock settings: "
-            + ", ".join(sorted(DEFAULTS))
+            f"unknown setting {name!r}; accepted redlock settings: " + ", ".join(accepted)
         )
+
+
+def _in_case_of(key: str, namespace: str) -> str:
+    """``key`` in the namespace's case, as Celery looks namespaced keys up."""
+    return key.upper() if namespace.isupper() else key.lower()
 
 
 def check_task_names(task_name: str, names: Iterable[str]) -> None:

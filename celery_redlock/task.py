@@ -15,9 +15,13 @@ Worker side -- declare the task with the base class (or the decorator)::
             write(chunk, fence=self.redlock.fence)
 
 Caller side -- nothing changes: ``import_customer.delay(42)``. A duplicate that finds
-the lock taken is retried later (``"retry"``, the default), dropped with state
-``SKIPPED`` (``"skip"``) or failed with ``LockContended`` (``"fail"``); the worker logs
-one WARNING line per contention naming the task, key, holder and what happens next.
+the lock taken is retried later (``"retry"``, the default), skipped (``"skip"``) or
+failed with ``LockContended`` (``"fail"``); the worker logs one WARNING line per
+contention naming the task, key, holder and what happens next. A skipped copy does not
+run its body and ends SUCCESS with the ``Skipped`` marker as its value (skipped.py), so
+``.get()``, groups, chords and links go on at once. A redelivered copy of an execution
+that is still running (same task id, it meets its own lock) is dropped storing
+nothing, in "skip" and "fail" mode alike: the running execution's result stands.
 
 What happens to the lock when:
 
@@ -61,7 +65,7 @@ import os
 import random
 import socket
 import time
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Optional
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
@@ -75,14 +79,13 @@ from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
 from .options import OPTIONS, TASK_OPTIONS, TaskAttribute, TaskOptions, check_task_names
 from .redlock import Lease, Redlock
+from .skipped import SKIPPED, is_skipped, skipped_result
 from .watchdog import get_watchdog
 
-__all__ = ["SKIPPED", "RedlockTask", "redlock_task", "retry_countdown"]
+__all__ = ["SKIPPED", "RedlockTask", "is_skipped", "redlock_task", "retry_countdown"]
 
 logger = logging.getLogger(__name__)
 
-#: Result state of a duplicate dropped by ``redlock_on_contended="skip"``.
-SKIPPED = "SKIPPED"
 #: A contended retry waits at least this fraction of the holder's remaining TTL.
 HOLDER_TTL_FRACTION = 0.1
 #: ...and never less than this (seconds): a zero countdown would spin on the broker.
@@ -169,7 +172,23 @@ class RedlockTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         super().before_start(task_id, args, kwargs)
+        self.request.redlock_traced = True
         self._redlock_acquire(task_id, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # With __call__ overridden, Celery's tracer calls the task instead of run(),
+        # its request already pushed: run the body -- or return a skipped copy's
+        # marker, so the normal success path stores it, counts a chord part and sends
+        # the links -- without pushing a second, bare request. A direct call task(x)
+        # (or a nested self(x) in the body) goes through Celery's own __call__.
+        request = self.request_stack.top
+        if request is None or not getattr(request, "redlock_traced", False):
+            return super().__call__(*args, **kwargs)
+        request.redlock_traced = False
+        skipped = getattr(request, "redlock_skipped", None)
+        if skipped is not None:
+            return skipped
+        return self.run(*args, **kwargs)
 
     def after_return(
         self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -208,24 +227,29 @@ class RedlockTask(Task):  # type: ignore[misc]
 
     def _redlock_acquire(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
-        request.redlock_lease = None
+        request.redlock_lease = request.redlock_skipped = None
         options = self.redlock_options()
         config = app_config(self.app)
         key = self.lock_key(args, kwargs)
         worker = request.hostname or socket.gethostname()
         holder = f"{task_id}@{worker}:{os.getpid()}"
         redlock = config.redlock(options.node_timeout, options.fencing)
-        self._redlock_once_per_tick(config.key_prefix, options, redlock, holder)
+        request.redlock_skipped = self._redlock_once_per_tick(
+            config.key_prefix, options, redlock, holder
+        )
+        if request.redlock_skipped is not None:
+            return
         started = time.monotonic()
         try:
             if options.on_contended == "retry":
                 lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
             else:  # skipping or failing drops this copy: be sure someone holds the lock
                 lease = acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
-        except LockContended as exc:
-            self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
-        except QuorumUnavailable as exc:
-            self._redlock_contended(key, options, exc, None, None)
+        except (LockContended, QuorumUnavailable) as exc:
+            holder_seen = exc.holder if isinstance(exc, LockContended) else None
+            ttl = exc.ttl if isinstance(exc, LockContended) else None
+            request.redlock_skipped = self._redlock_contended(key, options, exc, holder_seen, ttl)
+            return
         hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
         lease.max_hold = options.max_hold
         if hard_limit:
@@ -245,23 +269,24 @@ class RedlockTask(Task):  # type: ignore[misc]
 
     def _redlock_once_per_tick(
         self, prefix: str, options: TaskOptions, redlock: Redlock, holder: str
-    ) -> None:
+    ) -> Optional[dict[str, Any]]:
         """A beat tick runs once even if it was sent twice: beat's header names the
         entry and tick, and the first copy to start takes ``<prefix>:beat-ran:...``
         (never released; it expires after ``redlock_ttl``). A later attempt of that
-        same copy (a lock retry) is recognised by its task id and goes on."""
+        same copy (a lock retry) is recognised by its task id and goes on. Returns
+        the Skipped marker for a later copy, None to go on."""
         request = self.request
         tick, entry = header(request, TICK_HEADER), header(request, ENTRY_HEADER)
         if tick is None or not entry:
-            return
+            return None
         key = f"{prefix}:beat-ran:{entry}:{tick}"
         try:
             acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
         except QuorumUnavailable:
-            return  # the run-time lock below meets the same outage and handles it
+            return None  # the run-time lock below meets the same outage and handles it
         except LockContended as exc:
-            if (exc.holder or "").startswith(f"{request.id}@"):
-                return
+            if self._is_own_holder(exc.holder):
+                return None
             logger.warning(
                 "beat tick already ran: task %s[%s] entry %s tick %s ran as %s -> skipped",
                 self.name, request.id, entry, tick, exc.holder or "unknown",
@@ -270,8 +295,8 @@ class RedlockTask(Task):  # type: ignore[misc]
                 sender=self, task_id=request.id, key=key, holder=exc.holder, ttl=exc.ttl,
                 action="skip", countdown=None, attempt=None,
             )  # fmt: skip
-            self._mark_skipped(key, exc.holder, False)
-            raise Ignore(f"skipped: beat tick {tick} of {entry} already ran") from None
+            return skipped_result(key, exc.holder, f"beat tick {tick} of {entry} already ran")
+        return None
 
     def _redlock_contended(
         self,
@@ -280,14 +305,20 @@ class RedlockTask(Task):  # type: ignore[misc]
         exc: Exception,
         holder: Optional[str],
         ttl: Optional[float],
-    ) -> NoReturn:
-        """Retry, skip or fail this duplicate; always raises."""
+    ) -> dict[str, Any]:
+        """Retry, skip or fail this duplicate: raises, or returns the Skipped marker."""
         request = self.request
         attempt = self._redlock_retries() + 1
         action = options.on_contended
         exhausted = action == "retry" and attempt > options.max_retries
         if exhausted:
             action = options.on_retries_exhausted
+        # A redelivered copy of an execution still running elsewhere: failing it
+        # would store FAILURE over a task that is about to succeed (and count a
+        # chord part twice). Drop it, storing nothing.
+        redelivered = action != "retry" and self._is_own_holder(holder)
+        if redelivered:
+            action = "skip"
         countdown = None
         if action == "retry":
             countdown = retry_countdown(
@@ -323,10 +354,15 @@ class RedlockTask(Task):  # type: ignore[misc]
             assert countdown is not None
             raise self._redlock_retry(countdown, attempt, exc)  # keeps any queue place
         queue_once.hand_back(self, key, options)  # this copy will not run
+        if redelivered:
+            raise Ignore(f"skipped: lock {key} held by this task's running execution")
         if action == "skip":
-            self._mark_skipped(key, holder, exhausted)
-            raise Ignore(f"skipped: lock {key} held by {holder or 'unknown'}")
+            return skipped_result(key, holder, str(exc), exhausted)
         raise exc
+
+    def _is_own_holder(self, holder: Optional[str]) -> bool:
+        """The lock is held by another execution of this very task id."""
+        return (holder or "").startswith(f"{self.request.id}@")
 
     def _redlock_retries(self) -> int:
         try:
@@ -352,18 +388,6 @@ class RedlockTask(Task):  # type: ignore[misc]
             return Retry(exc=exc, when=countdown, is_eager=True, sig=signature)
         signature.apply_async()
         return Retry(exc=exc, when=countdown, sig=signature)
-
-    def _mark_skipped(self, key: str, holder: Optional[str], exhausted: bool) -> None:
-        request = self.request
-        if request.is_eager or request.ignore_result or self.ignore_result:
-            return
-        try:
-            self.update_state(
-                state=SKIPPED,
-                meta={"key": key, "holder": holder, "retries_exhausted": exhausted},
-            )
-        except Exception:  # no result backend, or it is down: the log line remains
-            logger.debug("could not store SKIPPED for %s", request.id, exc_info=True)
 
     def _redlock_extended_callback(self, task_id: str) -> Callable[[Lease], None]:
         def extended(lease: Lease) -> None:

@@ -207,7 +207,7 @@ class Snapshot:
     contended: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: task id -> short task name, for every task id a worker received.
     seen: dict[str, str] = field(default_factory=dict)
-    #: task id -> (short task name, outcome: SUCCESS, IGNORED (skipped), FAILURE...).
+    #: task id -> (short task name, outcome: SUCCESS (also a skipped copy), FAILURE...).
     final: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Seconds each successful acquire took (``lock_acquired``'s ``elapsed``).
     latencies: list[float] = field(default_factory=list)

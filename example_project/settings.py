@@ -4,8 +4,8 @@
 variable           default                                     what
 =================  ==========================================  ===========================
 BROKER_URL         ``redis://127.0.0.1:6379/0``                Celery broker
-RESULT_BACKEND     BROKER_URL                                  result backend (SKIPPED
-                                                               states show up there)
+RESULT_BACKEND     BROKER_URL                                  result backend (skipped
+                                                               copies' markers there)
 REDLOCK_NODES      unset: the broker (one node)                lock nodes, comma-separated
                                                                Redis URLs
 REDLOCK_NODE_TIMEOUT  ``0.2`` (seconds)                        one round to all nodes

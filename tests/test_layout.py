@@ -73,7 +73,7 @@ def _imports(name: str, path: Path) -> Iterator[str]:
 
 
 def _third_party(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)

@@ -73,3 +73,51 @@ def test_a_key_prefix_with_a_control_character_is_refused_when_settings_are_vali
     with pytest.raises(ConfigurationError, match="redlock_key_prefix") as caught:
         app_config(app)
     assert repr(prefix) in str(caught.value)
+
+
+class DjangoSettings:
+    """A Django-style settings module: upper case, Celery's under CELERY_."""
+
+    DEBUG = True
+    CELERY_BROKER_URL = "memory://"
+    CELERY_REDLOCK_NODES = ("redis://127.0.0.1:1/0",)
+    CELERY_REDLOCK_TTL = 7
+    CELERY_REDLOCK_ON_CONTENDED = "skip"
+    REDLOCK_EXTRA = "another library's setting, outside the namespace"
+
+
+def _namespaced_app(**settings: object) -> Celery:
+    app = Celery("django", set_as_current=False)
+    app.config_from_object(type("Settings", (DjangoSettings,), settings), namespace="CELERY")
+    return app
+
+
+def test_namespaced_settings_are_read() -> None:
+    app = _namespaced_app()
+    config = app_config(app)
+    assert config.nodes == ("redis://127.0.0.1:1/0",)
+    assert config.task_defaults.ttl == 7
+    assert config.task_defaults.on_contended == "skip"
+
+    def job() -> None:
+        return None
+
+    task = app.task(shared=False, base=RedlockTask, name="t.namespaced")(job)
+    assert task.redlock_options().ttl == 7
+
+
+@pytest.mark.parametrize("typo", ["CELERY_REDLOCK_TTLL", "CELERY_redlock_ttl"])
+def test_an_unknown_namespaced_setting_is_named_with_the_accepted_ones(typo: str) -> None:
+    app = _namespaced_app(**{typo: 5})
+    with pytest.raises(ConfigurationError, match=f"unknown setting '{typo}'") as caught:
+        app_config(app)
+    accepted = str(caught.value).split("accepted redlock settings: ", 1)[1].split(", ")
+    assert "CELERY_REDLOCK_TTL" in accepted and "CELERY_REDLOCK_NODES" in accepted
+    assert len(accepted) == len(DEFAULTS)
+
+
+def test_a_plain_redlock_setting_is_still_checked_under_a_namespace() -> None:
+    app = _namespaced_app()
+    app.conf.redlock_ttll = 5
+    with pytest.raises(ConfigurationError, match="unknown setting 'redlock_ttll'"):
+        app_config(app)

@@ -352,7 +352,7 @@ def test_redelivered_running_task_in_skip_mode_is_dropped_and_runs_once(stack: S
     assert runs(stack, counter) == {result.id: 1}  # the copy never ran the body
     assert outcome["runs"] == 1 and outcome["held"] is True
     assert max_occupancy(stack, counter) == 1
-    assert result.state == "SUCCESS"  # the first run's result, stored after SKIPPED
+    assert result.state == "SUCCESS"  # the first run's (the redelivered copy stores none)
 
 
 # -- 11: time limits and revokes -------------------------------------------------------------

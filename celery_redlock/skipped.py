@@ -1,0 +1,47 @@
+"""What a skipped copy of a task returns: the ``Skipped`` marker.
+
+A copy dropped by ``redlock_on_contended="skip"`` (or ``redlock_on_retries_exhausted=
+"skip"``, or a beat tick that already ran) ends like a success whose return value is
+this marker, so Celery's own success path runs for it: the result is stored and ready
+at once, a group or chord counts the copy as done, ``link`` callbacks and the next
+step of a chain receive the marker. Nothing else about the copy is hidden: the WARNING
+line and the ``lock_contended`` signal report it as before.
+
+A plain dict, so any result serializer (json, msgpack, pickle) carries it unchanged.
+
+Imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = ["SKIPPED", "is_skipped", "skipped_result"]
+
+#: The marker's ``redlock`` value: ``result.get()["redlock"] == SKIPPED``.
+SKIPPED = "SKIPPED"
+
+
+def skipped_result(
+    key: str, holder: Optional[str], reason: str, retries_exhausted: bool = False
+) -> dict[str, Any]:
+    """The return value of a skipped copy.
+
+    ``key`` is the lock it met, ``holder`` who held it (``task-id@worker:pid``; None
+    when unknown, e.g. the lock nodes were unreachable), ``reason`` a sentence saying
+    why, ``retries_exhausted`` whether the copy retried ``redlock_max_retries`` times
+    before giving up.
+    """
+    return {
+        "redlock": SKIPPED,
+        "key": key,
+        "holder": holder,
+        "reason": reason,
+        "retries_exhausted": retries_exhausted,
+    }
+
+
+def is_skipped(value: object) -> bool:
+    """True for the return value of a skipped copy (a chord callback's argument, a
+    ``link`` callback's, ``AsyncResult.get()``'s)."""
+    return isinstance(value, dict) and value.get("redlock") == SKIPPED

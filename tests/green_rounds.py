@@ -1,0 +1,84 @@
+"""Lock rounds under a busy gevent or eventlet hub, in a process of their own.
+
+    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count]
+
+Monkey-patches the whole process first (as ``celery worker -P gevent|eventlet``
+does), then starts one greenlet that computes for 2 s in 100 ms slices and yields in
+between (CPU-heavy but cooperative work, two default node_timeouts a slice), and ``count``
+greenlets (default 50) that each try once to acquire a key of their own on the given
+nodes, with the default node_timeout. Prints one JSON line: ``won``, ``unavailable``
+(QuorumUnavailable while every node is healthy: a false outage), ``errors`` (any other
+exception, as text), ``slowest_s`` (the slowest acquire).
+"""
+
+from __future__ import annotations
+
+import sys
+
+HUB = sys.argv[1] if __name__ == "__main__" else ""
+if HUB == "gevent":
+    from gevent import monkey
+
+    monkey.patch_all()
+elif HUB == "eventlet":
+    import eventlet
+
+    eventlet.monkey_patch()
+
+import functools  # noqa: E402 (after the monkey-patching, as in a worker)
+import json  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+from celery_redlock import QuorumUnavailable, Redlock  # noqa: E402
+
+#: Seconds each slice of the busy greenlet computes before it yields, and how many.
+SLICE = 0.1
+SLICES = 20
+
+
+def _spawn_and_wait(functions: list[Callable[[], None]]) -> None:
+    if HUB == "gevent":
+        import gevent
+
+        gevent.joinall([gevent.spawn(f) for f in functions])
+    else:
+        import eventlet
+
+        pool = eventlet.GreenPool(len(functions))
+        for f in functions:
+            pool.spawn(f)
+        pool.waitall()
+
+
+def main(urls: list[str], count: int) -> dict[str, Any]:
+    lock = Redlock(urls, ttl=10)
+    report: dict[str, Any] = {"won": 0, "unavailable": 0, "errors": [], "slowest_s": 0.0}
+
+    def busy() -> None:
+        for _ in range(SLICES):
+            deadline = time.monotonic() + SLICE
+            while time.monotonic() < deadline:
+                pass
+            time.sleep(0)  # patched: yields to the hub
+
+    def acquire(index: int) -> None:
+        began = time.monotonic()
+        try:
+            lease = lock.acquire(f"green-rounds:{index}", blocking=False)
+            report["won"] += lease is not None
+        except QuorumUnavailable:
+            report["unavailable"] += 1
+        except Exception as exc:
+            report["errors"].append(f"{type(exc).__name__}: {exc}")
+        finally:
+            report["slowest_s"] = max(report["slowest_s"], time.monotonic() - began)
+
+    herd: list[Callable[[], None]] = [functools.partial(acquire, i) for i in range(count)]
+    _spawn_and_wait([busy, *herd])
+    return report
+
+
+if __name__ == "__main__":
+    result = main(sys.argv[2].split(","), int(sys.argv[3]) if len(sys.argv) > 3 else 50)
+    print(json.dumps(result))
