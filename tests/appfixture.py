@@ -21,9 +21,10 @@ import gc
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from celery import Celery
+from celery.signals import task_postrun
 from kombu.asynchronous import set_event_loop
 
 from celery_redlock import signals
@@ -65,11 +66,20 @@ class Recorder:
         with self.lock:
             return [kw for n, kw in self.events if n == name]
 
-    def wait_for(self, name: str, task_id: str, timeout: float = 15) -> dict[str, Any]:
-        """The first ``name`` signal sent for ``task_id``, waiting for it if need be."""
+    def wait_for(
+        self, name: str, task_id: Optional[str] = None, timeout: float = 15, **fields: Any
+    ) -> dict[str, Any]:
+        """The first ``name`` signal sent for ``task_id`` (any, if None) whose other
+        arguments include ``fields``, waiting for it if need be."""
+        if task_id is not None:
+            fields["task_id"] = task_id
 
         def sent() -> list[dict[str, Any]]:
-            return [kw for n, kw in self.events if n == name and kw["task_id"] == task_id]
+            return [
+                kw
+                for n, kw in self.events
+                if n == name and all(kw.get(f) == v for f, v in fields.items())
+            ]
 
         with self.lock:
             assert self.lock.wait_for(sent, timeout), f"no {name} for {task_id}"
@@ -87,7 +97,8 @@ def gate_wait(event: threading.Event, timeout: float = 15) -> Callable[[], None]
 
 @contextmanager
 def recording() -> Iterator[Recorder]:
-    """A Recorder connected to every lock signal while the block runs."""
+    """A Recorder connected to every lock signal while the block runs, and to
+    ``task_postrun`` (a task's trace has ended: whatever it stores or sends is done)."""
     rec = Recorder()
     receivers = {
         signal: rec(signal.name)
@@ -97,6 +108,7 @@ def recording() -> Iterator[Recorder]:
             signals.lock_extended,
             signals.lock_lost,
             signals.lock_released,
+            task_postrun,
         )
     }
     for signal, receiver in receivers.items():

@@ -19,7 +19,6 @@ from appfixture import Recorder, gate_wait, recording, worker_test_app
 from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
-from celery.signals import task_postrun
 
 from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
@@ -123,23 +122,6 @@ def _held_elsewhere(nodes: RedisCluster, key: str, holder: str = "elsewhere") ->
     lease.release()
 
 
-@contextmanager
-def _finished(task_id: str) -> Iterator[threading.Event]:
-    """Set once the worker has traced ``task_id`` to its end (``task_postrun``)."""
-    done = threading.Event()
-
-    def receiver(task_id: Any = None, **_: Any) -> None:
-        if task_id == expected:
-            done.set()
-
-    expected = task_id
-    task_postrun.connect(receiver, weak=False)
-    try:
-        yield done
-    finally:
-        task_postrun.disconnect(receiver)
-
-
 def test_a_skipped_copy_is_ready_at_once_with_the_marker(
     worker: Any,
     tasks: dict[str, Any],
@@ -232,12 +214,9 @@ def test_a_redelivered_copy_of_a_running_task_stores_nothing_even_in_fail_mode(
     # The copy meets a lock held under its own task id: its first delivery's.
     task_id = "same-id-0001"
     key = tasks["fail"].lock_key((), {"tag": "redelivered"})
-    with (
-        _held_elsewhere(redis_nodes, key, holder=f"{task_id}@w1:1234"),
-        _finished(task_id) as finished,
-    ):
+    with _held_elsewhere(redis_nodes, key, holder=f"{task_id}@w1:1234"):
         copy = tasks["fail"].apply_async(kwargs={"tag": "redelivered"}, task_id=task_id)
-        assert finished.wait(HANG_GUARD), "the copy never ran"
+        recorder.wait_for("task_postrun", task_id, HANG_GUARD)
     # task_postrun comes after whatever the trace stores: it stored nothing.
     assert recorder.wait_for("lock_contended", task_id)["action"] == "skip"
     assert copy.state == "PENDING"  # no FAILURE over the running execution
