@@ -346,6 +346,26 @@ def test_a_bad_lock_argument_is_refused_before_anything_is_taken(
     assert not any(client.exists("bad:lock") for client in stack.node_clients)
 
 
+@pytest.mark.parametrize("call", ["acquire", "lock"])
+@pytest.mark.parametrize("timeout", [5, 0, timedelta(seconds=1)], ids=["5", "0", "timedelta"])
+def test_a_timeout_with_blocking_false_is_refused_not_ignored(
+    stack: Stack, call: str, timeout: Any
+) -> None:
+    # One attempt and no wait: a timeout there would be ignored silently (pottery and
+    # python-redis-lock refuse it too).
+    redlock = Redlock(stack.nodes.urls, ttl=5)
+    try:
+        with pytest.raises(ConfigurationError, match=re.escape("needs blocking=True")):
+            if call == "acquire":
+                redlock.acquire("bad:nonblocking", blocking=False, timeout=timeout)
+            else:
+                with redlock.lock("bad:nonblocking", blocking=False, timeout=timeout):
+                    pytest.fail("the block ran")
+    finally:
+        redlock.close()
+    assert not any(client.exists("bad:nonblocking") for client in stack.node_clients)
+
+
 @pytest.mark.parametrize(
     ("nodes", "says"),
     [
