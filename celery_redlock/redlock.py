@@ -261,6 +261,9 @@ class Redlock:
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
         limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
+        if not blocking and limit is not None:
+            msg = f"timeout={timeout!r} needs blocking=True (blocking=False makes one attempt)"
+            raise ConfigurationError(msg)
         if holder is not None and (not isinstance(holder, str) or "\n" in holder):
             raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
         if holder is not None:
