@@ -6,7 +6,8 @@ loser. A caller that gives up on such a refusal -- a task that skips, an enqueue
 that points at a "queued" copy, a beat that leaves a tick to "another beat" -- drops
 work nobody does. :func:`acquire_confirmed` trusts a holder only when a quorum of
 nodes agrees on it, and otherwise tries again after a short random pause, until a
-deadline.
+deadline. :func:`retry_countdown` says how long a copy that met a held lock waits
+before it tries again.
 
 Used by task.py, queue_once.py and beat.py. Imports redlock.py and errors.py only:
 no Celery.
@@ -22,7 +23,7 @@ from typing import Callable, Optional, Union
 from .errors import LockContended, QuorumUnavailable
 from .redlock import Lease, Redlock
 
-__all__ = ["Refused", "acquire_confirmed", "acquire_or_contended"]
+__all__ = ["Refused", "acquire_confirmed", "acquire_or_contended", "retry_countdown"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,30 @@ def acquire_or_contended(
     if isinstance(result, Refused):
         raise LockContended(key, result.holder or result.last.holder, result.ttl or result.last.ttl)
     return result
+
+
+#: A contended retry waits at least this fraction of the holder's remaining TTL.
+HOLDER_TTL_FRACTION = 0.1
+#: ...and never less than this (seconds): a zero countdown would spin on the broker.
+MIN_COUNTDOWN = 0.05
+
+
+def retry_countdown(
+    attempt: int,
+    backoff: float,
+    backoff_max: float,
+    holder_ttl: Optional[float],
+    rng: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds before lock retry ``attempt`` (1-based): exponential backoff with full
+    jitter, at least a fraction of the holder's remaining TTL, capped at ``backoff_max``.
+
+    Full jitter spreads a herd of duplicates over the whole window instead of
+    waking them together; the TTL floor keeps them from polling a lock that is
+    certainly held for a long while yet.
+    """
+    ceiling = min(backoff_max, backoff * 2 ** (attempt - 1))
+    countdown = rng(0.0, ceiling)
+    if holder_ttl is not None and holder_ttl > 0:
+        countdown = max(countdown, holder_ttl * HOLDER_TTL_FRACTION)
+    return min(backoff_max, max(MIN_COUNTDOWN, countdown))

@@ -65,12 +65,14 @@ process add them up when scraped:
 
 Serving it yourself instead of :func:`serve`::
 
-    from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client import start_http_server
 
-    registry = CollectorRegistry()
-    MultiProcessCollector(registry)    # do not serve prometheus_client.REGISTRY here:
-    start_http_server(9808, registry=registry)   # it holds only the main process's values
+    # Not prometheus_client.REGISTRY: it holds only the main process's values.
+    start_http_server(9808, registry=metrics.multiprocess_registry())
+
+Prefer that registry to a bare ``prometheus_client.multiprocess.MultiProcessCollector``:
+a child that is starting creates its file empty and sizes it a moment later, and the
+bare collector fails the whole scrape (HTTP 500) when it reads the file in between.
 
 Receivers run in the thread that sent the signal (the watchdog thread for
 ``lock_extended`` / ``lock_lost``); each one only updates in-memory (or mmapped)
@@ -107,7 +109,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from . import signals
 
 # prometheus_client.multiprocess has no annotations: typed handles for mypy --strict.
-_MultiProcessCollector: Callable[..., Any] = _multiprocess.MultiProcessCollector
+_merge: Callable[..., Iterable[Metric]] = _multiprocess.MultiProcessCollector.merge
 _mark_process_dead: Callable[..., None] = _multiprocess.mark_process_dead
 
 __all__ = [
@@ -308,16 +310,39 @@ def uninstall(registry: Optional[CollectorRegistry] = None) -> bool:
 
 class _LiveProcessesCollector:
     """prometheus_client's MultiProcessCollector that first forgets the live gauges
-    (``held``) of processes that died without ``mark_process_dead`` (SIGKILL)."""
+    (``held``) of processes that died without ``mark_process_dead`` (SIGKILL), and
+    skips the files of processes that are creating them."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._collector = _MultiProcessCollector(None, path)
 
     def collect(self) -> Iterable[Metric]:
         _forget_dead_processes(self.path)
-        collected: Iterable[Metric] = self._collector.collect()
-        return collected
+        return _merge(_readable_files(self.path), accumulate=True)
+
+
+#: prometheus_client's files start with 4 bytes saying how much of the file is used,
+#: then 4 of padding.
+_FILE_HEADER_BYTES = 8
+
+
+def _readable_files(path: str) -> list[str]:
+    """The value files in ``path`` that have their header.
+
+    A process makes its file in two steps, open (0 bytes) then truncate to the full
+    size, and prometheus_client's reader fails on the 0-byte state. A file that is
+    still empty holds no values yet, and a file never shrinks, so skipping the ones
+    seen empty loses nothing and what is kept stays readable.
+    """
+    readable = []
+    for filename in glob.glob(os.path.join(path, "*.db")):
+        try:
+            size = os.stat(filename).st_size
+        except FileNotFoundError:  # a live gauge of a process marked dead meanwhile
+            continue
+        if size >= _FILE_HEADER_BYTES:
+            readable.append(filename)
+    return readable
 
 
 def _forget_dead_processes(path: str) -> None:

@@ -8,6 +8,12 @@ copy's ``AsyncResult`` back (or ``AlreadyQueued``). The queued copy hands its pl
 back when it wins its run-time lock, when it is skipped or failed, and when it is
 revoked; a lost message frees it after ``redlock_queued_ttl``.
 
+A copy sent as part of a canvas (a chain step, a group or chord member, a call with
+``link`` / ``link_error``) is always sent and takes no queue place: the canvas waits
+for that copy's own task id, or sends its callbacks with its message, so answering
+with another copy's result would hang the canvas or drop its callbacks. The run-time
+lock still keeps it from running beside another copy.
+
 The functions take the RedlockTask as ``task`` (its ``redlock_options()``,
 ``lock_key()``, ``app``, ``request``): task.py calls them from its hooks. Imports
 config.py, contention.py, headers.py and errors.py; never task.py.
@@ -33,6 +39,8 @@ logger = logging.getLogger(__name__)
 QUEUED_SUFFIX = ":queued"
 #: How long an enqueue keeps trying for a clear answer about the queue place (seconds).
 QUEUE_PLACE_PATIENCE = 2.0
+#: apply_async options that make a call part of a canvas (Celery sets them).
+CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error", "parent_id")
 
 
 def enqueue(
@@ -50,7 +58,7 @@ def enqueue(
         # A retry of a queued copy keeps its place; eager runs are never queued.
         return send(args, kwargs, task_id=task_id, **options)
     opts: TaskOptions = task.redlock_options()
-    if not opts.dedupe_queued:
+    if not opts.dedupe_queued or any(options.get(name) for name in CANVAS_OPTIONS):
         return send(args, kwargs, task_id=task_id, **options)
     key = task.lock_key(args, kwargs) + QUEUED_SUFFIX
     task_id = task_id or uuid()

@@ -259,11 +259,10 @@ class Redlock(LockQueries):
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
         limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
-        blocking = bool(blocking)
         if not blocking and limit is not None:
             raise ConfigurationError(
-                f"timeout ({limit}s) is only meaningful with blocking=True; with "
-                "blocking=False there is one attempt: drop timeout or set blocking=True"
+                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
+                "attempt): drop timeout or set blocking=True"
             )
         if token is not None:
             token = token_argument(token)

@@ -51,7 +51,9 @@ not go through the task class and is not de-duplicated.
 
 The lock is taken in ``before_start``, which Celery runs for every delivery and for
 ``apply()`` / ``task_always_eager``, not for a direct call ``task(x)`` (that runs
-inline, unlocked, as Celery calls it without its hooks).
+inline, unlocked, as Celery calls it without its hooks). Eager mode has no broker to
+retry through: a contended copy waits inline, for at most the holder's remaining TTL
+as first seen, and an outage of the lock nodes fails the call at once.
 
 Per-execution state lives on ``self.request`` (one Context per run, per thread), never
 on ``self``, which the threads pool shares.
@@ -62,7 +64,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import random
 import socket
 import time
 from typing import Any, Callable, Optional
@@ -73,7 +74,7 @@ from celery.signals import task_postrun, task_revoked
 
 from . import queue_once, signals
 from .config import app_config
-from .contention import acquire_or_contended
+from .contention import MIN_COUNTDOWN, acquire_or_contended, retry_countdown
 from .errors import LockContended, QuorumUnavailable
 from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
@@ -85,32 +86,6 @@ from .watchdog import get_watchdog
 __all__ = ["SKIPPED", "RedlockTask", "is_skipped", "redlock_task", "retry_countdown"]
 
 logger = logging.getLogger(__name__)
-
-#: A contended retry waits at least this fraction of the holder's remaining TTL.
-HOLDER_TTL_FRACTION = 0.1
-#: ...and never less than this (seconds): a zero countdown would spin on the broker.
-MIN_COUNTDOWN = 0.05
-
-
-def retry_countdown(
-    attempt: int,
-    backoff: float,
-    backoff_max: float,
-    holder_ttl: Optional[float],
-    rng: Callable[[float, float], float] = random.uniform,
-) -> float:
-    """Seconds before lock retry ``attempt`` (1-based): exponential backoff with full
-    jitter, at least a fraction of the holder's remaining TTL, capped at ``backoff_max``.
-
-    Full jitter spreads a herd of duplicates over the whole window instead of
-    waking them together; the TTL floor keeps them from polling a lock that is
-    certainly held for a long while yet.
-    """
-    ceiling = min(backoff_max, backoff * 2 ** (attempt - 1))
-    countdown = rng(0.0, ceiling)
-    if holder_ttl is not None and holder_ttl > 0:
-        countdown = max(countdown, holder_ttl * HOLDER_TTL_FRACTION)
-    return min(backoff_max, max(MIN_COUNTDOWN, countdown))
 
 
 def _static_option(task: Any, name: str) -> Any:
@@ -240,16 +215,32 @@ class RedlockTask(Task):  # type: ignore[misc]
         if request.redlock_skipped is not None:
             return
         started = time.monotonic()
-        try:
-            if options.on_contended == "retry":
-                lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
-            else:  # skipping or failing drops this copy: be sure someone holds the lock
-                lease = acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
-        except (LockContended, QuorumUnavailable) as exc:
-            holder_seen = exc.holder if isinstance(exc, LockContended) else None
-            ttl = exc.ttl if isinstance(exc, LockContended) else None
-            request.redlock_skipped = self._redlock_contended(key, options, exc, holder_seen, ttl)
-            return
+        request.redlock_inline_attempts = 0
+        request.redlock_wait_until = None
+        while True:  # more than one round only in eager mode, which waits inline
+            try:
+                if options.on_contended == "retry":
+                    lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
+                else:  # skipping or failing drops this copy: be sure someone holds the lock
+                    lease = acquire_or_contended(
+                        redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE
+                    )
+                break
+            except (LockContended, QuorumUnavailable) as exc:
+                holder_seen = exc.holder if isinstance(exc, LockContended) else None
+                ttl = exc.ttl if isinstance(exc, LockContended) else None
+                request.redlock_skipped = self._redlock_contended(
+                    key, options, exc, holder_seen, ttl
+                )
+                if request.redlock_skipped is not None:
+                    return
+        self._redlock_hold(task_id, key, options, lease, started)
+
+    def _redlock_hold(
+        self, task_id: str, key: str, options: TaskOptions, lease: Lease, started: float
+    ) -> None:
+        """This execution won ``lease``: bound and watch it, free the queue place."""
+        request = self.request
         hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
         lease.max_hold = options.max_hold
         if hard_limit:
@@ -305,12 +296,17 @@ class RedlockTask(Task):  # type: ignore[misc]
         exc: Exception,
         holder: Optional[str],
         ttl: Optional[float],
-    ) -> dict[str, Any]:
-        """Retry, skip or fail this duplicate: raises, or returns the Skipped marker."""
+    ) -> Optional[dict[str, Any]]:
+        """Retry, skip or fail this duplicate: raises, or returns the Skipped marker,
+        or (eager mode) returns None after waiting inline: try again."""
         request = self.request
         attempt = self._redlock_retries() + 1
         action = options.on_contended
-        exhausted = action == "retry" and attempt > options.max_retries
+        if action == "retry" and request.is_eager and isinstance(exc, QuorumUnavailable):
+            action = "fail"  # an outage surfaces at once: the caller is waiting inline
+        exhausted = action == "retry" and (
+            attempt > options.max_retries or self._redlock_inline_wait_over(ttl, options.ttl)
+        )
         if exhausted:
             action = options.on_retries_exhausted
         # A redelivered copy of an execution still running elsewhere: failing it
@@ -324,6 +320,9 @@ class RedlockTask(Task):  # type: ignore[misc]
             countdown = retry_countdown(
                 attempt, options.retry_backoff, options.retry_backoff_max, ttl
             )
+            if request.is_eager:  # the last try comes just after the wait's bound
+                left = request.redlock_wait_until - time.monotonic()
+                countdown = min(countdown, max(0.0, left) + MIN_COUNTDOWN)
             then = f"retry in {countdown:.1f}s (attempt {attempt}/{options.max_retries})"
         elif exhausted:
             then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
@@ -352,6 +351,12 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
         if action == "retry":
             assert countdown is not None
+            if request.is_eager:
+                # apply() would run a Retry inline without its countdown, and with
+                # task_eager_propagates raise it at the caller: wait here instead.
+                time.sleep(countdown)
+                request.redlock_inline_attempts = attempt
+                return None
             raise self._redlock_retry(countdown, attempt, exc)  # keeps any queue place
         queue_once.hand_back(self, key, options)  # this copy will not run
         if redelivered:
@@ -365,10 +370,25 @@ class RedlockTask(Task):  # type: ignore[misc]
         return (holder or "").startswith(f"{self.request.id}@")
 
     def _redlock_retries(self) -> int:
+        """Lock retries so far: published ones (header), and inline waits (eager)."""
+        inline = int(getattr(self.request, "redlock_inline_attempts", 0) or 0)
         try:
-            return max(0, int(header(self.request, RETRIES_HEADER) or 0))
+            return max(0, int(header(self.request, RETRIES_HEADER) or 0)) + inline
         except (TypeError, ValueError):
-            return 0
+            return inline
+
+    def _redlock_inline_wait_over(self, holder_ttl: Optional[float], ttl: float) -> bool:
+        """Eager mode waits inline for at most the holder's remaining TTL as first
+        seen (our own TTL if unknown): a holder that renews past it is long work
+        the caller should not block on. False outside eager mode."""
+        request = self.request
+        if not request.is_eager:
+            return False
+        now = time.monotonic()
+        if request.redlock_wait_until is None:
+            bound = holder_ttl if holder_ttl is not None and holder_ttl > 0 else ttl
+            request.redlock_wait_until = now + bound * (1 + app_config(self.app).drift_factor)
+        return bool(now >= request.redlock_wait_until)
 
     def _redlock_retry(self, countdown: float, attempt: int, exc: Exception) -> Retry:
         """Publish this task again in ``countdown`` s, counting a lock retry.
@@ -382,10 +402,6 @@ class RedlockTask(Task):  # type: ignore[misc]
         signature = self.signature_from_request(
             request, None, None, countdown=countdown, headers=headers
         )
-        if request.is_eager:
-            # apply() runs the retry inline and ignores the countdown: wait here.
-            time.sleep(countdown)
-            return Retry(exc=exc, when=countdown, is_eager=True, sig=signature)
         signature.apply_async()
         return Retry(exc=exc, when=countdown, sig=signature)
 

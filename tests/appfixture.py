@@ -9,16 +9,25 @@ would carry into the next test are cleared:
   ``AsyncResult.__del__``, stalling whatever runs next;
 - the process-wide event loop of the stopped embedded worker: the next worker would
   reuse it, with the old worker's timer, and never run a message with a countdown.
+
+Tests order themselves by events, never by sleeping: :class:`Recorder` waits for a
+lock signal of a given task id, and :func:`gate_wait` makes a task body run until
+the test sets an event.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable, Optional
 
 from celery import Celery
+from celery.signals import task_postrun
 from kombu.asynchronous import set_event_loop
 
+from celery_redlock import signals
 from celery_redlock.testing import RedisCluster, RedisServer
 
 
@@ -36,3 +45,76 @@ def worker_test_app(
     yield app
     gc.collect()
     set_event_loop(None)
+
+
+class Recorder:
+    """Collects what the tasks and signals report, from any thread."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Condition()
+
+    def __call__(self, name: str) -> Any:
+        def receiver(sender: Any = None, **kwargs: Any) -> None:
+            with self.lock:
+                self.events.append((name, {"sender": sender, **kwargs}))
+                self.lock.notify_all()
+
+        return receiver
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [kw for n, kw in self.events if n == name]
+
+    def wait_for(
+        self, name: str, task_id: Optional[str] = None, timeout: float = 15, **fields: Any
+    ) -> dict[str, Any]:
+        """The first ``name`` signal sent for ``task_id`` (any, if None) whose other
+        arguments include ``fields``, waiting for it if need be."""
+        if task_id is not None:
+            fields["task_id"] = task_id
+
+        def sent() -> list[dict[str, Any]]:
+            return [
+                kw
+                for n, kw in self.events
+                if n == name and all(kw.get(f) == v for f, v in fields.items())
+            ]
+
+        with self.lock:
+            assert self.lock.wait_for(sent, timeout), f"no {name} for {task_id}"
+            return sent()[0]
+
+
+def gate_wait(event: threading.Event, timeout: float = 15) -> Callable[[], None]:
+    """A task body's pause that ends when the test sets ``event``."""
+
+    def wait() -> None:
+        assert event.wait(timeout), "the test never opened the gate"
+
+    return wait
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """A Recorder connected to every lock signal while the block runs, and to
+    ``task_postrun`` (a task's trace has ended: whatever it stores or sends is done)."""
+    rec = Recorder()
+    receivers = {
+        signal: rec(signal.name)
+        for signal in (
+            signals.lock_acquired,
+            signals.lock_contended,
+            signals.lock_extended,
+            signals.lock_lost,
+            signals.lock_released,
+            task_postrun,
+        )
+    }
+    for signal, receiver in receivers.items():
+        signal.connect(receiver, weak=False)
+    try:
+        yield rec
+    finally:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver)

@@ -15,20 +15,22 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 from prometheus_client import CollectorRegistry
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_redlock import RedlockTask, metrics
+from celery_redlock import RedlockTask, metrics, signals
 from celery_redlock.testing import RedisCluster, RedisServer
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -40,6 +42,9 @@ NAMES = (
     "celery_redlock_hold_seconds",
     "celery_redlock_held",
 )
+#: How long a gated task body waits for its gate before giving up (a test that
+#: never opens it fails on the body's result, not by hanging).
+GATE_BOUND = 30.0
 
 
 # -- fixtures (the pattern of test_task.py) ------------------------------------------------
@@ -75,29 +80,74 @@ def registry() -> Iterator[CollectorRegistry]:
     metrics.uninstall(registry)
 
 
-def _define(app: Celery) -> dict[str, Any]:
+@pytest.fixture
+def gates() -> dict[str, threading.Event]:
+    """Events a task body waits on (its ``gate=`` argument) before it returns: the
+    test opens one once it has seen what it needs while the lock is held."""
+    return {}
+
+
+def _define(app: Celery, gates: dict[str, threading.Event]) -> dict[str, Any]:
     # app.task(...)(function), not a decorator: Celery's decorators are untyped.
-    def hold(seconds: float, tag: str) -> str:
+    def hold(seconds: float, tag: str, gate: Optional[str] = None) -> str:
         time.sleep(seconds)
+        if gate is not None and not gates[gate].wait(GATE_BOUND):
+            return "the gate never opened"
         return "ran"
 
-    def long_job(seconds: float, tag: str) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        return True
+    def long_job(tag: str, gate: str) -> bool:
+        return gates[gate].wait(GATE_BOUND)
 
     common: dict[str, Any] = {"shared": False, "base": RedlockTask, "redlock_key": ["tag"]}
     return {
         "hold": app.task(name="m.hold", redlock_ttl=5, **common)(hold),
         "skip": app.task(name="m.skip", redlock_ttl=5, redlock_on_contended="skip", **common)(hold),
-        "long": app.task(name="m.long", redlock_ttl=0.6, **common)(long_job),
+        "long": app.task(name="m.long", redlock_ttl=LONG_TTL, **common)(long_job),
     }
 
 
+#: TTL of ``m.long``: renewed every LONG_TTL / 3 s, each renewal a round to five local
+#: nodes that takes milliseconds, so a loaded machine still renews it in time.
+LONG_TTL = 3.0
+
+
 @pytest.fixture
-def tasks(app: Celery) -> dict[str, Any]:
-    return _define(app)
+def tasks(app: Celery, gates: dict[str, threading.Event]) -> dict[str, Any]:
+    return _define(app, gates)
+
+
+class SignalSeen:
+    """``seen(signal, task)``: an Event set when ``signal`` is sent for ``task``.
+
+    Its receivers are connected after the metrics' (the fixture needs ``registry``)
+    and a signal calls its receivers in the order they were connected: once an Event
+    is set, the metrics have counted that signal too.
+    """
+
+    def __init__(self) -> None:
+        self._connected: list[tuple[Any, Callable[..., None]]] = []
+
+    def __call__(self, lock_signal: Any, task: str) -> threading.Event:
+        event = threading.Event()
+
+        def receiver(sender: Any = None, **_: Any) -> None:
+            if getattr(sender, "name", None) == task:
+                event.set()
+
+        lock_signal.connect(receiver, weak=False)
+        self._connected.append((lock_signal, receiver))
+        return event
+
+    def disconnect(self) -> None:
+        for lock_signal, receiver in self._connected:
+            lock_signal.disconnect(receiver)
+
+
+@pytest.fixture
+def seen(registry: CollectorRegistry) -> Iterator[SignalSeen]:
+    watcher = SignalSeen()
+    yield watcher
+    watcher.disconnect()
 
 
 @pytest.fixture
@@ -128,21 +178,30 @@ def _wait(result: AsyncResult, timeout: float = 15) -> Any:
 
 
 def test_a_run_is_timed_and_counted_as_held_only_while_it_runs(
-    worker: Any, tasks: dict[str, Any], registry: CollectorRegistry
+    worker: Any,
+    tasks: dict[str, Any],
+    registry: CollectorRegistry,
+    gates: dict[str, threading.Event],
 ) -> None:
-    result = tasks["hold"].delay(0.6, tag="a")
+    gates["a"] = threading.Event()
+    sent = time.monotonic()
+    result = tasks["hold"].delay(0.6, tag="a", gate="a")  # runs >= 0.6 s, and until seen held
     _eventually(lambda: _value(registry, "celery_redlock_held", task="m.hold") == 1, what="held")
+    gates["a"].set()
     assert _wait(result) == "ran"
     _eventually(lambda: _value(registry, "celery_redlock_hold_seconds_count", task="m.hold") == 1)
+    released_within = time.monotonic() - sent
     assert _value(registry, "celery_redlock_held", task="m.hold") == 0
     assert _value(registry, "celery_redlock_acquire_seconds_count", task="m.hold") == 1
     assert 0 < _value(registry, "celery_redlock_acquire_seconds_sum", task="m.hold") < 1
     held_for = _value(registry, "celery_redlock_hold_seconds_sum", task="m.hold")
-    assert 0.6 <= held_for < 5
+    assert 0.6 <= held_for <= released_within
     # Bucket boundaries as documented: ms-scale for acquiring, up to hours for holding.
     assert _value(registry, "celery_redlock_acquire_seconds_bucket", task="m.hold", le="1.0") == 1
     assert _value(registry, "celery_redlock_hold_seconds_bucket", task="m.hold", le="0.5") == 0
-    assert _value(registry, "celery_redlock_hold_seconds_bucket", task="m.hold", le="5.0") == 1
+    assert _value(registry, "celery_redlock_hold_seconds_bucket", task="m.hold", le="5.0") == (
+        1 if held_for <= 5.0 else 0  # the gate opens within milliseconds unless stalled
+    )
     assert registry.get_sample_value("celery_redlock_hold_seconds_bucket", {
         "task": "m.hold", "le": "21600.0"
     }) == 1  # fmt: skip
@@ -153,15 +212,27 @@ def test_a_run_is_timed_and_counted_as_held_only_while_it_runs(
 
 
 def test_contended_duplicates_are_counted_by_task_and_action(
-    worker: Any, tasks: dict[str, Any], registry: CollectorRegistry
+    worker: Any,
+    tasks: dict[str, Any],
+    registry: CollectorRegistry,
+    gates: dict[str, threading.Event],
+    seen: SignalSeen,
 ) -> None:
-    first = tasks["hold"].delay(0.6, tag="r")
-    first_skip = tasks["skip"].delay(0.6, tag="s")
-    time.sleep(0.2)
+    acquired = {name: seen(signals.lock_acquired, name) for name in ("m.hold", "m.skip")}
+    contended = {name: seen(signals.lock_contended, name) for name in ("m.hold", "m.skip")}
+    gates["held"] = threading.Event()
+    # The first copies hold their locks until both duplicates have met them.
+    first = tasks["hold"].delay(0, tag="r", gate="held")
+    first_skip = tasks["skip"].delay(0, tag="s", gate="held")
+    for name, event in acquired.items():
+        assert event.wait(15), f"{name} never acquired"
     retried = tasks["hold"].delay(0.01, tag="r")
     # No result kept for the skipped copy: a pending result the test never collects
     # would try to unsubscribe after the broker is gone.
     tasks["skip"].apply_async((0.01,), {"tag": "s"}, ignore_result=True)
+    for name, event in contended.items():
+        assert event.wait(15), f"no {name} duplicate met the lock"
+    gates["held"].set()
     for result in (first, retried, first_skip):
         assert _wait(result) == "ran"
     _eventually(
@@ -189,24 +260,36 @@ def test_contended_duplicates_are_counted_by_task_and_action(
 
 
 def test_a_lost_lease_is_counted_once_and_is_not_subtracted_again_on_release(
-    worker: Any, tasks: dict[str, Any], registry: CollectorRegistry, redis_nodes: RedisCluster
+    worker: Any,
+    tasks: dict[str, Any],
+    registry: CollectorRegistry,
+    redis_nodes: RedisCluster,
+    gates: dict[str, threading.Event],
+    seen: SignalSeen,
 ) -> None:
-    result = tasks["long"].delay(1.5, tag="lost")  # ttl 0.6 s: renewed every 0.2 s
-    _eventually(lambda: _value(registry, "celery_redlock_extended_total", task="m.long") >= 1)
+    acquired = seen(signals.lock_acquired, "m.long")
+    extended = seen(signals.lock_extended, "m.long")
+    lost = seen(signals.lock_lost, "m.long")
+    gates["lost"] = threading.Event()
+    result = tasks["long"].delay(tag="lost", gate="lost")  # runs until the test has seen
+    assert acquired.wait(15), "never acquired"
+    # The first renewal is due LONG_TTL / 3 after acquiring; by LONG_TTL it is late.
+    assert extended.wait(LONG_TTL), "never renewed"
+    assert _value(registry, "celery_redlock_extended_total", task="m.long") >= 1
     assert _value(registry, "celery_redlock_held", task="m.long") == 1
     servers = list(redis_nodes)[:3]
     for server in servers:
         server.pause()
     try:
-        _eventually(
-            lambda: _value(registry, "celery_redlock_lost_total", task="m.long") == 1,
-            timeout=3,
-            what="lost",
-        )
+        # The next renewal fails and marks the lease lost by the end of its validity,
+        # at most LONG_TTL after the pause; the second LONG_TTL is for a loaded machine.
+        assert lost.wait(2 * LONG_TTL), "never lost"
+        assert _value(registry, "celery_redlock_lost_total", task="m.long") == 1
         assert _value(registry, "celery_redlock_held", task="m.long") == 0  # at once
     finally:
         for server in servers:
             server.resume()
+        gates["lost"].set()
     assert _wait(result) is True  # the body ran on, without the guarantee
     _eventually(lambda: _value(registry, "celery_redlock_hold_seconds_count", task="m.long") == 1)
     assert _value(registry, "celery_redlock_held", task="m.long") == 0  # not -1
@@ -318,12 +401,32 @@ PREFORK_APP = textwrap.dedent(
 
 
     @app.task(base=RedlockTask, redlock_key=["tag"], redlock_ttl=5, name="p.hold")
-    def hold(seconds, tag):
+    def hold(seconds, tag, gate=None):
+        """Runs `seconds`, then, given a gate, until the test sets that key (60 s at most)."""
         observer.rpush("pids:" + tag, os.getpid())
         time.sleep(seconds)
+        deadline = time.monotonic() + 60
+        while gate is not None and not observer.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
         return os.getpid()
     '''
 )
+
+
+def test_a_scrape_skips_the_file_a_starting_process_has_not_sized_yet(tmp_path: Path) -> None:
+    """A child creates its value file empty and sizes it a moment later; a scrape in
+    between used to fail whole (prometheus_client cannot read an empty file)."""
+    written: Any = MmapedDict(str(tmp_path / "counter_101.db"))  # type: ignore[no-untyped-call]
+    key = mmap_key("celery_redlock_lost", "celery_redlock_lost_total", ["task"], ["t"], "h")
+    written.write_value(key, 3.0, 0.0)
+    written.close()
+    # Files as they are between open() and truncate(): a counter and a live gauge of
+    # a process that exists (this one), so neither is removed as a dead process's.
+    (tmp_path / "counter_102.db").touch()
+    (tmp_path / f"gauge_livesum_{os.getpid()}.db").touch()
+    registry = metrics.multiprocess_registry(str(tmp_path))
+    assert registry.get_sample_value("celery_redlock_lost_total", {"task": "t"}) == 3.0
+    assert (tmp_path / f"gauge_livesum_{os.getpid()}.db").exists()
 
 
 def _gauge_files(directory: Path) -> set[str]:
@@ -376,10 +479,18 @@ def test_prefork_children_are_added_up_in_multiprocess_mode(
         def held() -> float:
             return _sample(_scrape(port), "celery_redlock_held", task="p.hold")
 
-        # Two tasks at once, one per child: the main process adds both up.
+        # Two tasks at once, one per child, each held >= 1 s and until the test has
+        # seen both held: the main process adds both up.
+        sent = time.monotonic()
         for tag in ("a", "b"):
-            client.send_task("p.hold", args=(1.0, tag))
-        _eventually(lambda: held() == 2, timeout=10, what="held == 2")
+            client.send_task("p.hold", args=(1.0, tag), kwargs={"gate": "both-seen"})
+        # A body records its pid after its lock is counted held: wait for both.
+        _eventually(
+            lambda: held() == 2 and all(observer.llen(f"pids:{tag}") for tag in ("a", "b")),
+            timeout=30,
+            what="held == 2",
+        )
+        observer.set("both-seen", 1)
         pids = {int(pid) for tag in ("a", "b") for pid in observer.lrange(f"pids:{tag}", 0, -1)}
         assert len(pids) == 2, pids  # really two processes
         _eventually(
@@ -387,15 +498,17 @@ def test_prefork_children_are_added_up_in_multiprocess_mode(
             timeout=10,
             what="both released",
         )
+        both_within = time.monotonic() - sent
         text = _scrape(port)
         assert _sample(text, "celery_redlock_held", task="p.hold") == 0
         assert _sample(text, "celery_redlock_acquire_seconds_count", task="p.hold") == 2
-        assert 2 <= _sample(text, "celery_redlock_hold_seconds_sum", task="p.hold") < 10
+        hold_sum = _sample(text, "celery_redlock_hold_seconds_sum", task="p.hold")
+        assert 2 <= hold_sum <= 2 * both_within  # each child's >= 1 s hold, added up
 
         # A child SIGKILLed mid-task (as by a hard time limit) sends no shutdown
         # signal; the scrape forgets its held gauge because the process is gone.
-        client.send_task("p.hold", args=(30.0, "k"))
-        _eventually(lambda: held() == 1, timeout=10, what="held == 1")
+        client.send_task("p.hold", args=(0, "k"), kwargs={"gate": "never"})
+        _eventually(lambda: held() == 1 and observer.llen("pids:k"), timeout=30, what="held == 1")
         victim = int(observer.lrange("pids:k", 0, -1)[0])
         os.kill(victim, signal.SIGKILL)
         _eventually(lambda: held() == 0, timeout=10, what="dead child forgotten")

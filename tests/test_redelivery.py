@@ -41,7 +41,7 @@ from celery.result import AsyncResult
 from celery_redlock import QuorumUnavailable, Redlock
 from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, wait_all_ready
 from celery_redlock.testing.children import process_state
-from tools.faultlab.oracle import RecordingClock
+from tools.faultlab.evidence import RecordingClock
 
 pytestmark = pytest.mark.slow
 

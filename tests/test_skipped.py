@@ -15,19 +15,17 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from appfixture import worker_test_app
+from appfixture import Recorder, gate_wait, recording, worker_test_app
 from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
-from celery_redlock import LockContended, Redlock, RedlockTask, signals
+from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import RedisCluster, RedisServer
 
 #: Only guards against a hang: every wait here ends in well under a second when right.
 HANG_GUARD = 30.0
-#: How long the copy that wins the lock holds it.
-HOLD = 3.0
 
 
 @pytest.fixture
@@ -37,16 +35,21 @@ def app(redis_server: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery
 
 @pytest.fixture
 def tasks(app: Celery) -> dict[str, Any]:
+    #: The holder's body runs until the test sets its gate (keyed by tag).
+    gates: dict[str, threading.Event] = {}
+
     @app.task(
         shared=False,
         base=RedlockTask,
         redlock_key="job:{tag}",
         redlock_on_contended="skip",
-        track_started=True,  # the holder's STARTED state says it has the lock
         name="s.skip",
     )
     def skip(seconds: float, tag: str) -> str:
-        time.sleep(seconds)
+        if tag in gates:
+            gate_wait(gates[tag], HANG_GUARD)()
+        else:
+            time.sleep(seconds)
         return "ran"
 
     @app.task(
@@ -75,7 +78,10 @@ def tasks(app: Celery) -> dict[str, Any]:
     def seen(value: Any) -> Any:
         return value
 
-    return {"skip": skip, "exhaust": exhaust, "fail": fail, "collect": collect, "seen": seen}
+    return {
+        "skip": skip, "exhaust": exhaust, "fail": fail, "collect": collect, "seen": seen,
+        "gates": gates,
+    }  # fmt: skip
 
 
 @pytest.fixture
@@ -85,33 +91,25 @@ def worker(app: Celery, tasks: dict[str, Any]) -> Iterator[Any]:
 
 
 @pytest.fixture
-def contended() -> Iterator[list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-    lock = threading.Lock()
-
-    def receiver(sender: Any = None, **kwargs: Any) -> None:
-        with lock:
-            seen.append(kwargs)
-
-    signals.lock_contended.connect(receiver, weak=False)
-    yield seen
-    signals.lock_contended.disconnect(receiver)
-
-
-def _started(result: AsyncResult) -> None:
-    """Wait until the holder runs (it has the lock then)."""
-    deadline = time.monotonic() + HANG_GUARD
-    while result.state != "STARTED":
-        assert time.monotonic() < deadline, f"{result.id} never started"
-        time.sleep(0.02)
+def recorder() -> Iterator[Recorder]:
+    with recording() as rec:
+        yield rec
 
 
 @contextmanager
-def _running_copy(task: Any, tag: str) -> Iterator[AsyncResult]:
-    """A copy of ``task`` holding the lock of ``tag`` for HOLD seconds."""
-    holder = task.delay(HOLD, tag=tag)
-    _started(holder)
-    yield holder
+def _running_copy(tasks: dict[str, Any], recorder: Recorder, tag: str) -> Iterator[AsyncResult]:
+    """A copy of ``s.skip`` holding the lock of ``tag`` until the block ends.
+
+    It has the lock once ``lock_acquired`` names it (a STARTED state would not do:
+    Celery stores it before ``before_start`` takes the lock).
+    """
+    gate = tasks["gates"][tag] = threading.Event()
+    holder = tasks["skip"].delay(0, tag=tag)
+    recorder.wait_for("lock_acquired", holder.id, HANG_GUARD)
+    try:
+        yield holder
+    finally:
+        gate.set()
     assert holder.get(timeout=HANG_GUARD) == "ran"
 
 
@@ -127,11 +125,11 @@ def _held_elsewhere(nodes: RedisCluster, key: str, holder: str = "elsewhere") ->
 def test_a_skipped_copy_is_ready_at_once_with_the_marker(
     worker: Any,
     tasks: dict[str, Any],
-    contended: list[dict[str, Any]],
+    recorder: Recorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="celery_redlock.task")
-    with _running_copy(tasks["skip"], "get") as holder:
+    with _running_copy(tasks, recorder, "get") as holder:
         sent = time.monotonic()
         copy = tasks["skip"].delay(0.01, tag="get")
         value = copy.get(timeout=HANG_GUARD)
@@ -144,18 +142,21 @@ def test_a_skipped_copy_is_ready_at_once_with_the_marker(
     assert value["retries_exhausted"] is False
     assert "is held by" in value["reason"]
     # Still observable: the signal and the WARNING line.
-    assert [c["action"] for c in contended] == ["skip"]
+    assert [c["action"] for c in recorder.of("lock_contended")] == ["skip"]
     assert any(
         copy.id in r.getMessage() and r.getMessage().endswith("-> skipped") for r in caplog.records
     )
     print(
         f"skipped copy: .get() returned {took * 1000:.0f} ms after delay() "
-        f"(holder still running: {holder_running}; it holds {HOLD:.0f} s)"
+        "(the holder still running)"
     )
+    assert holder_running
 
 
-def test_a_group_with_a_skipped_member_completes(worker: Any, tasks: dict[str, Any]) -> None:
-    with _running_copy(tasks["skip"], "group"):
+def test_a_group_with_a_skipped_member_completes(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    with _running_copy(tasks, recorder, "group"):
         sent = time.monotonic()
         results = group(tasks["skip"].s(0.01, tag="group"), tasks["skip"].s(0.01, tag="other"))()
         values = results.get(timeout=HANG_GUARD)
@@ -166,9 +167,9 @@ def test_a_group_with_a_skipped_member_completes(worker: Any, tasks: dict[str, A
 
 
 def test_a_chord_with_a_skipped_member_runs_its_callback(
-    worker: Any, tasks: dict[str, Any]
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
 ) -> None:
-    with _running_copy(tasks["skip"], "chord") as holder:
+    with _running_copy(tasks, recorder, "chord") as holder:
         sent = time.monotonic()
         header = [tasks["skip"].s(0.01, tag="chord"), tasks["skip"].s(0.01, tag="free")]
         summary = chord(header)(tasks["collect"].s()).get(timeout=HANG_GUARD)
@@ -177,12 +178,15 @@ def test_a_chord_with_a_skipped_member_runs_its_callback(
     assert summary == {"ran": 1, "skipped": 1}
     print(
         f"chord with a skipped member: callback result {took * 1000:.0f} ms after sending "
-        f"(holder still running: {holder_running})"
+        "(the holder still running)"
     )
+    assert holder_running
 
 
-def test_a_link_callback_receives_the_marker(worker: Any, tasks: dict[str, Any]) -> None:
-    with _running_copy(tasks["skip"], "link"):
+def test_a_link_callback_receives_the_marker(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    with _running_copy(tasks, recorder, "link"):
         copy = tasks["skip"].apply_async((0.01,), {"tag": "link"}, link=tasks["seen"].s())
         value = copy.get(timeout=HANG_GUARD)
         (linked,) = copy.children
@@ -205,19 +209,16 @@ def test_retries_exhausted_skip_is_ready_at_once(
 
 
 def test_a_redelivered_copy_of_a_running_task_stores_nothing_even_in_fail_mode(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster, contended: list[Any]
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
 ) -> None:
     # The copy meets a lock held under its own task id: its first delivery's.
     task_id = "same-id-0001"
     key = tasks["fail"].lock_key((), {"tag": "redelivered"})
     with _held_elsewhere(redis_nodes, key, holder=f"{task_id}@w1:1234"):
         copy = tasks["fail"].apply_async(kwargs={"tag": "redelivered"}, task_id=task_id)
-        deadline = time.monotonic() + HANG_GUARD
-        while not contended:
-            assert time.monotonic() < deadline, "the copy never met the lock"
-            time.sleep(0.02)
-        time.sleep(0.3)  # whatever it would store is stored by now
-    assert contended[0]["action"] == "skip"
+        recorder.wait_for("task_postrun", task_id, HANG_GUARD)
+    # task_postrun comes after whatever the trace stores: it stored nothing.
+    assert recorder.wait_for("lock_contended", task_id)["action"] == "skip"
     assert copy.state == "PENDING"  # no FAILURE over the running execution
 
 

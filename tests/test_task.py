@@ -7,11 +7,12 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import pytest
 import redis
-from appfixture import worker_test_app
+from appfixture import Recorder, gate_wait, recording, worker_test_app
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore
@@ -24,49 +25,15 @@ from celery_redlock import (
     LockKeyError,
     RedlockTask,
     redlock_task,
-    signals,
 )
 from celery_redlock.skipped import is_skipped
 from celery_redlock.testing import RedisCluster, RedisServer
 
 
-class Recorder:
-    """Collects what the tasks and signals report, from any thread."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, name: str) -> Any:
-        def receiver(sender: Any = None, **kwargs: Any) -> None:
-            with self.lock:
-                self.events.append((name, {"sender": sender, **kwargs}))
-
-        return receiver
-
-    def of(self, name: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [kw for n, kw in self.events if n == name]
-
-
 @pytest.fixture
 def recorder() -> Iterator[Recorder]:
-    rec = Recorder()
-    receivers = {
-        signal: rec(signal.name)
-        for signal in (
-            signals.lock_acquired,
-            signals.lock_contended,
-            signals.lock_extended,
-            signals.lock_lost,
-            signals.lock_released,
-        )
-    }
-    for signal, receiver in receivers.items():
-        signal.connect(receiver, weak=False)
-    yield rec
-    for signal, receiver in receivers.items():
-        signal.disconnect(receiver)
+    with recording() as rec:
+        yield rec
 
 
 @pytest.fixture
@@ -85,8 +52,19 @@ def _occupancy(broker: RedisServer) -> redis.Redis:
 
 
 def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
-    """Tasks used across the tests; the occupancy counter lives on the broker Redis."""
+    """Tasks used across the tests; the occupancy counter lives on the broker Redis.
+
+    ``pauses[tag]``, when a test sets it, replaces a body's ``sleep(seconds)``: the
+    body then runs until an event the test sets, or meets the others at a barrier.
+    """
     counter = broker.client()
+    pauses: dict[str, Callable[[], object]] = {}
+
+    def pause(seconds: float, tag: str) -> None:
+        if tag in pauses:
+            pauses[tag]()
+        else:
+            time.sleep(seconds)
 
     @app.task(
         shared=False, bind=True, base=RedlockTask, redlock_ttl=5, redlock_key=["tag"], name="t.hold"
@@ -94,7 +72,7 @@ def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
     def hold(self: RedlockTask, seconds: float, tag: str = "x") -> dict[str, Any]:
         if counter.incr(f"occ:{tag}") != 1:
             counter.incr("overlaps")
-        time.sleep(seconds)
+        pause(seconds, tag)
         counter.decr(f"occ:{tag}")
         lease = self.redlock
         assert lease is not None
@@ -109,7 +87,7 @@ def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
         name="t.skip",
     )
     def skipper(self: RedlockTask, seconds: float, tag: str = "x") -> str:
-        time.sleep(seconds)
+        pause(seconds, tag)
         return "ran"
 
     @app.task(
@@ -121,7 +99,7 @@ def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
         name="t.fail",
     )
     def failer(self: RedlockTask, seconds: float, tag: str = "x") -> str:
-        time.sleep(seconds)
+        pause(seconds, tag)
         return "ran"
 
     @app.task(shared=False, bind=True, base=RedlockTask, redlock_ttl=30, name="t.handoff")
@@ -151,21 +129,20 @@ def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
     def ignorer(self: RedlockTask, tag: str) -> None:
         raise Ignore()
 
-    @app.task(
-        shared=False,
-        bind=True,
-        base=RedlockTask,
-        redlock_ttl=0.6,
-        redlock_key="long:{tag}",
-        name="t.long",
-    )
-    def long_job(self: RedlockTask, seconds: float, tag: str) -> dict[str, Any]:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-        lease = self.redlock
-        assert lease is not None
-        return {"extensions": lease.extensions, "held": lease.held}
+    def long_job(name: str, ttl: float) -> Any:
+        """A task keyed ``long:{tag}`` whose body runs until its pause ends."""
+
+        @app.task(
+            shared=False, bind=True, base=RedlockTask, redlock_ttl=ttl,
+            redlock_key="long:{tag}", name=name,
+        )  # fmt: skip
+        def run(self: RedlockTask, tag: str) -> dict[str, Any]:
+            pauses[tag]()
+            lease = self.redlock
+            assert lease is not None
+            return {"extensions": lease.extensions, "held": lease.held}
+
+        return run
 
     return {
         "hold": hold,
@@ -174,8 +151,11 @@ def _define(app: Celery, broker: RedisServer) -> dict[str, Any]:
         "handoff": handoff,
         "autoretry": autoretry,
         "ignore": ignorer,
-        "long": long_job,
+        # TTLs far above a loaded machine's pauses: a renewal is due every ttl/3.
+        "long": long_job("t.long", 2.0),
+        "lost": long_job("t.lost", 3.0),
         "counter": counter,
+        "pauses": pauses,
     }
 
 
@@ -209,9 +189,13 @@ def test_duplicate_is_retried_until_the_holder_finishes_and_never_overlaps(
     worker: Any, tasks: dict[str, Any], recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="celery_redlock.task")
-    first = tasks["hold"].delay(0.6, tag="r")
-    time.sleep(0.2)
-    second = tasks["hold"].delay(0.1, tag="r")
+    gate = threading.Event()
+    tasks["pauses"]["r"] = gate_wait(gate)
+    first = tasks["hold"].delay(0, tag="r")
+    recorder.wait_for("lock_acquired", first.id)
+    second = tasks["hold"].delay(0, tag="r")  # sent while the first holds the lock
+    recorder.wait_for("lock_contended", second.id)
+    gate.set()  # the first ends only after the duplicate met its lock
     one, two = _wait(first), _wait(second)
     assert first.state == second.state == "SUCCESS"
     assert one["key"] == two["key"]
@@ -232,10 +216,13 @@ def test_skip_drops_the_duplicate_and_marks_it_skipped(
     worker: Any, tasks: dict[str, Any], recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="celery_redlock.task")
-    first = tasks["skip"].delay(0.6, tag="s")
-    time.sleep(0.2)
-    second = tasks["skip"].delay(0.6, tag="s")
-    skipped = second.get(timeout=10)  # ready at once, the holder still running
+    gate = threading.Event()
+    tasks["pauses"]["s"] = gate_wait(gate)
+    first = tasks["skip"].delay(0, tag="s")
+    recorder.wait_for("lock_acquired", first.id)
+    second = tasks["skip"].delay(0, tag="s")
+    skipped = second.get(timeout=10)  # ready while the holder still runs (gate shut)
+    gate.set()
     assert is_skipped(skipped) and skipped["redlock"] == SKIPPED  # not a silent success
     assert skipped["holder"].startswith(first.id + "@")
     assert _wait(first) == "ran"
@@ -250,10 +237,13 @@ def test_skip_drops_the_duplicate_and_marks_it_skipped(
 def test_fail_raises_lock_contended_naming_the_holder(
     worker: Any, tasks: dict[str, Any], recorder: Recorder
 ) -> None:
-    first = tasks["fail"].delay(0.6, tag="f")
-    time.sleep(0.2)
-    second = tasks["fail"].delay(0.6, tag="f")
-    error = _wait(second)
+    gate = threading.Event()
+    tasks["pauses"]["f"] = gate_wait(gate)
+    first = tasks["fail"].delay(0, tag="f")
+    recorder.wait_for("lock_acquired", first.id)
+    second = tasks["fail"].delay(0, tag="f")
+    error = _wait(second)  # ready while the holder still runs (gate shut)
+    gate.set()
     assert second.state == "FAILURE"
     assert isinstance(error, LockContended)
     assert error.holder is not None and error.holder.startswith(first.id + "@")
@@ -261,11 +251,15 @@ def test_fail_raises_lock_contended_naming_the_holder(
 
 
 def test_distinct_keys_run_in_parallel(worker: Any, tasks: dict[str, Any]) -> None:
-    start = time.monotonic()
-    results = [tasks["hold"].delay(0.5, tag=f"p{i}") for i in range(4)]
+    # Each body holds its own lock and waits at the barrier for the other three:
+    # they pass it only if all four hold their locks at the same time.
+    barrier = threading.Barrier(4)
+    for i in range(4):
+        tasks["pauses"][f"p{i}"] = partial(barrier.wait, timeout=15)
+    results = [tasks["hold"].delay(0, tag=f"p{i}") for i in range(4)]
     for result in results:
-        assert result.get(timeout=10)["held"]
-    assert time.monotonic() - start < 1.5  # four 0.5 s tasks, side by side
+        assert result.get(timeout=20)["held"]  # a broken barrier fails the body
+    assert not barrier.broken
 
 
 def test_lock_retries_exhausted_fail_with_lock_contended(
@@ -321,15 +315,19 @@ def test_ignore_from_the_body_still_releases(
 def test_watchdog_keeps_the_lock_for_three_times_its_ttl(
     worker: Any, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisCluster
 ) -> None:
-    result = tasks["long"].delay(1.8, tag="w")  # ttl 0.6 s
     from celery_redlock import Redlock
 
+    gate = threading.Event()
+    tasks["pauses"]["w"] = gate_wait(gate, timeout=30)
+    ttl = tasks["long"].redlock_options().ttl
+    result = tasks["long"].delay(tag="w")
+    recorder.wait_for("lock_acquired", result.id)
+    taken_by = time.monotonic()  # the lock was taken before this
     other = Redlock(redis_nodes.urls, ttl=5)
-    time.sleep(0.2)
-    key = "redlock:long:w"
-    for _ in range(15):
-        assert other.acquire(key, blocking=False) is None
+    while time.monotonic() - taken_by < 3 * ttl:
+        assert other.acquire("redlock:long:w", blocking=False) is None
         time.sleep(0.1)
+    gate.set()
     outcome = _wait(result)
     assert outcome["held"] and outcome["extensions"] >= 3
     assert len(recorder.of("lock_extended")) >= 3
@@ -344,18 +342,21 @@ def test_losing_quorum_mid_task_fires_lock_lost_and_logs_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.ERROR, logger="celery_redlock.task")
-    result = tasks["long"].delay(1.5, tag="lost")
-    time.sleep(0.3)
+    gate = threading.Event()
+    tasks["pauses"]["lost"] = gate_wait(gate, timeout=30)
+    ttl = tasks["lost"].redlock_options().ttl
+    result = tasks["lost"].delay(tag="lost")
+    recorder.wait_for("lock_acquired", result.id)
     servers = list(redis_nodes)[:3]
     for server in servers:
         server.pause()
     try:
-        deadline = time.monotonic() + 2
-        while not recorder.of("lock_lost") and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # The next renewal (due within ttl/3) fails: lost well within one TTL.
+        recorder.wait_for("lock_lost", result.id, timeout=ttl)
     finally:
         for server in servers:
             server.resume()
+        gate.set()
     lost = recorder.of("lock_lost")
     assert len(lost) == 1 and lost[0]["key"] == "redlock:long:lost"
     assert "needed 3" in lost[0]["reason"]

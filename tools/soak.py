@@ -36,10 +36,14 @@ from tools.faultlab.network import extension_failure, late_replies, late_replies
 RESULTS = Path(__file__).resolve().parent / "soak-results"
 
 #: Counters summed per row and overall (the oracle's, see tools.faultlab.oracle.Report.summary).
+#: ``late_writes`` is informational, not among VIOLATIONS: writes out of fence order
+#: that may have landed after their own writer's deadline -- the writer's lateness,
+#: which fencing exists to refuse, not the lock's fault.
 COUNTERS = (
     "acquisitions",
     "attempts",
     "writes",
+    "late_writes",
     "overlaps",
     "stale_writes",
     "fence_regressions",

@@ -1,8 +1,10 @@
 """The fault lab: lock-level fault scenarios and the independent oracle that judges
 them, shared by tests/test_faults.py and ``python -m tools.soak``.
 
-- :mod:`.oracle`: holder logs, the naive fenced store, the checker (overlaps, stale
-  writes, fence regressions, leases born dead or overclaiming);
+- :mod:`.evidence`: what holders record -- their logs, the recording clock, the naive
+  fenced store -- and reading it back;
+- :mod:`.oracle`: the checker (overlaps, stale writes, fence regressions, leases born
+  dead or overclaiming);
 - :mod:`.scanner`: lock keys and tombstones left without a TTL;
 - :mod:`.holders`: the holder processes that run the lock (``python -m
   tools.faultlab.holders``);

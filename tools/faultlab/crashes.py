@@ -11,6 +11,7 @@ from typing import Optional
 
 from celery_redlock import Lease, QuorumUnavailable, Redlock
 
+from .evidence import NS, OracleLog, now_ns, read_events, read_store
 from .lab import (
     NODE_TIMEOUT,
     PATIENCE,
@@ -23,7 +24,7 @@ from .lab import (
     seconds_since,
     stream_config,
 )
-from .oracle import NS, OracleLog, Report, check, now_ns, read_events, read_store
+from .oracle import Report, check
 from .scanner import TtlScanner, leftover_keys
 
 # -- row 1: contention baseline ---------------------------------------------------------------

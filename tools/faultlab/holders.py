@@ -24,7 +24,7 @@ from typing import Optional, Union
 
 import redis
 
-from .oracle import NS, OracleLog, RecordingClock, now_ns, store_write
+from .evidence import NS, OracleLog, RecordingClock, now_ns, store_write
 
 __all__ = ["ProbeConfig", "StreamConfig", "run_probe", "run_stream", "select_sleep"]
 

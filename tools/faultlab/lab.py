@@ -33,8 +33,9 @@ from celery_redlock.testing import (
     RedisServerFactory,
 )
 
+from .evidence import NS, SEED_ENV, now_ns, read_events
 from .holders import StreamConfig
-from .oracle import NS, SEED_ENV, Report, check, now_ns, read_events
+from .oracle import Report, check
 
 #: Where ``tools`` lives: on the holders' PYTHONPATH, so ``-m tools.faultlab.holders``
 #: and this checkout's celery_redlock import without an install.

@@ -20,6 +20,7 @@ from celery_redlock import Lease, LockLost, QuorumUnavailable, Redlock
 from celery_redlock.redlock import CLOCK_PRECISION
 from celery_redlock.testing import FaultProxy
 
+from .evidence import NS, OracleLog, RecordingClock, now_ns, read_events
 from .holders import ProbeConfig
 from .lab import (
     PATIENCE,
@@ -30,7 +31,7 @@ from .lab import (
     holder_env,
     read_line,
 )
-from .oracle import NS, OracleLog, RecordingClock, check, now_ns, read_events
+from .oracle import check
 from .scanner import leftover_keys
 
 # -- row 5: late replies ------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What the lock leaves on its nodes: a thread that finds lock keys and tombstones
 without a TTL while a scenario runs, and the keys still there after it.
 
-Like :mod:`.oracle`, it imports no celery_redlock code (plain redis-py clients).
+Like :mod:`.oracle` and :mod:`.evidence`, it imports no celery_redlock code (plain
+redis-py clients).
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from typing import Union
 
 import redis
 
-from .oracle import FENCE_SUFFIX, TOMBSTONE_MARK
+__all__ = ["FENCE_SUFFIX", "TOMBSTONE_MARK", "TtlScanner", "classify", "leftover_keys"]
 
-__all__ = ["TtlScanner", "classify", "leftover_keys"]
+# Key shapes the lock leaves on a node, spelled out here rather than imported: a
+# release's tombstone ``<key>\\0released\\0<token>`` (must expire) and a fence counter
+# ``<key>\\0fence`` (never expires, by design). Anything else is a lock key.
+TOMBSTONE_MARK = "\x00released\x00"
+FENCE_SUFFIX = "\x00fence"
 
 
 def classify(name: Union[bytes, str]) -> str:
