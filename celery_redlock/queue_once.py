@@ -28,7 +28,7 @@ from celery.utils import uuid
 
 from .config import TaskOptions, app_config
 from .contention import acquire_or_contended
-from .errors import AlreadyQueued, LockContended
+from .errors import AlreadyQueued, LockContended, QuorumUnavailable
 from .headers import QUEUED_HEADER, header
 
 __all__ = ["QUEUED_SUFFIX", "QUEUE_PLACE_PATIENCE", "enqueue", "hand_back", "hand_back_revoked"]
@@ -81,7 +81,10 @@ def enqueue(
     try:
         return send(args, kwargs, task_id=task_id, **options)
     except BaseException:
-        lease.release()  # nothing was queued: free the place
+        try:
+            lease.release()  # nothing was queued: free the place
+        except QuorumUnavailable as exc:  # the send's error matters more; the place expires
+            logger.warning("freeing queue place %s failed: %s", key, exc)
         raise
 
 

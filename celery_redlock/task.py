@@ -434,6 +434,10 @@ class RedlockTask(Task):  # type: ignore[misc]
         get_watchdog().unwatch(lease)
         try:
             lease.release()
+        except QuorumUnavailable as exc:  # the lock frees itself at its TTL
+            logger.warning(
+                "release of lock %s failed: %s; it expires within %.1fs", lease.key, exc, lease.ttl
+            )
         except Exception:  # the lock frees itself at TTL; never fail the task here
             logger.exception("releasing lock %s failed; it expires within its TTL", lease.key)
             return

@@ -31,6 +31,7 @@ CELERY_FREE = (
     "fencing",
     "canonical",
     "finisher",
+    "admin",
     "background",
     "skipped",
 )

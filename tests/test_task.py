@@ -365,6 +365,36 @@ def test_losing_quorum_mid_task_fires_lock_lost_and_logs_an_error(
     assert len(errors) == 1 and result.id in errors[0].getMessage()
 
 
+def test_a_release_without_quorum_is_a_warning_and_the_task_still_succeeds(
+    worker: Any,
+    tasks: dict[str, Any],
+    recorder: Recorder,
+    redis_nodes: RedisCluster,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The body returns while 3 of 5 nodes are paused: the release cannot reach a
+    quorum. The task's result is the body's, the lock is left to its TTL with one
+    WARNING, and lock_released is still sent (the execution let go of it)."""
+    caplog.set_level(logging.WARNING, logger="celery_redlock.task")
+    gate = threading.Event()
+    tasks["pauses"]["unreleased"] = gate_wait(gate, timeout=30)
+    result = tasks["lost"].delay(tag="unreleased")
+    recorder.wait_for("lock_acquired", result.id)
+    servers = list(redis_nodes)[:3]
+    for server in servers:
+        server.pause()
+    try:
+        gate.set()
+        recorder.wait_for("lock_released", result.id, timeout=30)
+    finally:
+        for server in servers:
+            server.resume()
+    assert "extensions" in _wait(result)  # the body's own return value: SUCCESS
+    warnings = [r for r in caplog.records if r.getMessage().startswith("release of lock")]
+    assert len(warnings) == 1 and "redlock:long:unreleased" in warnings[0].getMessage()
+    assert warnings[0].levelno == logging.WARNING
+
+
 # -- keys, eager mode and signals ---------------------------------------------------------
 
 
