@@ -62,34 +62,6 @@ stack = test_celery_workers.stack
 READY_TIMEOUT = 60.0
 TTL_NS = int(poolapp.TTL * 1e9)
 
-# -- the defects these tests reproduce (strict: the fix must remove the mark) ---------------
-
-EVENTLET_NO_POLL = pytest.mark.xfail(
-    strict=True,
-    reason="eventlet.monkey_patch() deletes select.poll: every lock round raises "
-    "AttributeError, so every RedlockTask fails before its body runs",
-)
-# Not strict: it fails in about two runs of three (the greenlets' interleaving decides).
-# Once rounds and renewals no longer wait for the hub it must pass every time: drop the
-# mark then.
-GEVENT_ROUND_YIELDS = pytest.mark.xfail(
-    strict=False,
-    reason="under gevent lock rounds yield to the hub (gevent's resolver and poll): while "
-    "other greenlets compute, acquires report healthy nodes unavailable and renewals "
-    "miss their deadline, so leases are lost",
-)
-GEVENT_ROUND_YIELDS_ALWAYS = pytest.mark.xfail(
-    strict=True,
-    reason="under gevent a lock round yields to the hub (gevent's resolver on a node's "
-    "first connection, gevent's poll): a greenlet computing meanwhile outlasts its "
-    "node_timeout and healthy nodes are reported unavailable",
-)
-GEVENT_CPU_STARVES_WATCHDOG = pytest.mark.xfail(
-    strict=True,
-    reason="under gevent the watchdog is a greenlet: a CPU-bound body starves it, the "
-    "lease expires at its TTL and a duplicate on another worker runs beside it",
-)
-
 
 @dataclass(frozen=True)
 class Pool:
@@ -109,16 +81,13 @@ POOLS = {
 }
 
 
-def every_pool(**marks: Any) -> list[Any]:
-    """``POOLS`` as pytest params, each with the marks given for its name."""
-    return [pytest.param(pool, marks=marks.get(name, ()), id=name) for name, pool in POOLS.items()]
+def every_pool() -> list[Any]:
+    """``POOLS`` as pytest params."""
+    return [pytest.param(pool, id=name) for name, pool in POOLS.items()]
 
 
-def green_pools(**marks: Any) -> list[Any]:
-    return [
-        pytest.param(POOLS[name], marks=marks.get(name, ()), id=name)
-        for name in ("gevent", "eventlet")
-    ]
+def green_pools() -> list[Any]:
+    return [pytest.param(POOLS[name], id=name) for name in ("gevent", "eventlet")]
 
 
 # -- servers and workers --------------------------------------------------------------------
@@ -244,7 +213,7 @@ class Renewals:
 # -- (a) same-key contention ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_same_key_tasks_run_each_once_and_never_two_at_a_time(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -269,7 +238,7 @@ def test_same_key_tasks_run_each_once_and_never_two_at_a_time(
 # -- (b) the watchdog -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_watchdog_keeps_the_lock_through_a_body_longer_than_its_ttl(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -300,7 +269,7 @@ def test_watchdog_keeps_the_lock_through_a_body_longer_than_its_ttl(
 # -- (c) warm shutdown ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_warm_shutdown_finishes_the_body_and_releases_its_lock(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -321,9 +290,7 @@ def test_warm_shutdown_finishes_the_body_and_releases_its_lock(
 # -- (d) CPU-bound bodies under gevent / eventlet -------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "pool", green_pools(gevent=GEVENT_CPU_STARVES_WATCHDOG, eventlet=EVENTLET_NO_POLL)
-)
+@pytest.mark.parametrize("pool", green_pools())
 def test_cpu_bound_body_longer_than_its_ttl_keeps_its_lock_from_a_waiting_duplicate(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -351,7 +318,7 @@ def test_cpu_bound_body_longer_than_its_ttl_keeps_its_lock_from_a_waiting_duplic
 # -- (e) a herd of greenlets ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", green_pools(gevent=GEVENT_ROUND_YIELDS, eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", green_pools())
 def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -381,13 +348,7 @@ def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
     assert all(r.result["held"] for r in herd)
 
 
-@pytest.mark.parametrize(
-    "hub",
-    [
-        pytest.param("gevent", marks=GEVENT_ROUND_YIELDS_ALWAYS, id="gevent"),
-        pytest.param("eventlet", marks=EVENTLET_NO_POLL, id="eventlet"),
-    ],
-)
+@pytest.mark.parametrize("hub", ["gevent", "eventlet"])
 def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_false_outage(
     redis_nodes: RedisCluster, hub: str
 ) -> None:
