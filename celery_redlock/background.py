@@ -31,9 +31,18 @@ __all__ = ["Condition", "in_hub", "new_condition", "new_lock", "new_rlock", "sta
 #: OS thread ident -> the hand-over to the hub that started it (None: no hub).
 _hand_overs: dict[int, Optional[Callable[[Callable[[], Any]], None]]] = {}
 
-if hasattr(os, "register_at_fork"):
+#: Hub thread ident -> its hand-over (made once per hub: one pipe under eventlet).
+_hub_hand_overs: dict[int, Optional[Callable[[Callable[[], Any]], None]]] = {}
+
+
+def _forget_after_fork() -> None:
     # A child's threads are its own (an ident may be reused), and so is its hub.
-    os.register_at_fork(after_in_child=_hand_overs.clear)
+    _hand_overs.clear()
+    _hub_hand_overs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class Condition:
@@ -85,14 +94,21 @@ def new_rlock() -> Any:
 def start_daemon_thread(target: Callable[[], None], name: str) -> None:
     """Start ``target`` on a daemon thread called ``name``: a real OS thread.
 
-    Under a hub, call it from the hub's thread: what the new thread hands back
-    (``in_hub``) goes to that hub.
+    Under a hub, what the new thread hands back (``in_hub``) goes to the hub of the
+    thread that started it; started by one of ours (a round in the watchdog starting
+    the finisher), to that one's hub.
     """
     kind = unpatched.hub_kind()
     if not kind:
         threading.Thread(target=target, name=name, daemon=True).start()
         return
-    hand_over = _hand_over_for(kind)
+    starter = unpatched.get_ident()
+    if starter in _hand_overs:  # a round in one of ours started the other: same hub
+        hand_over = _hand_overs[starter]
+    else:
+        if starter not in _hub_hand_overs:
+            _hub_hand_overs[starter] = _hand_over_for(kind)
+        hand_over = _hub_hand_overs[starter]
     registered = unpatched.allocate_lock()
     registered.acquire()
 

@@ -162,7 +162,8 @@ class Lease:
                 self._lost_reason = reason
             self._lost_fired = True
             callbacks = list(self._on_lost)
-        in_hub(lambda: self._run(callbacks, "lock_lost"))
+        if callbacks:
+            in_hub(lambda: self._run(callbacks, "lock_lost"))
 
     def extend(self, ttl: Optional[Duration] = None) -> bool:
         """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
@@ -191,7 +192,8 @@ class Lease:
             if outcome.reason is not None and outcome.retry_by is None:
                 self.mark_lost(outcome.reason)
             return False
-        in_hub(lambda: self._run(callbacks, "lock_extended"))
+        if callbacks:
+            in_hub(lambda: self._run(callbacks, "lock_extended"))
         return True
 
     def _run(self, callbacks: list[Callable[[Lease], Any]], what: str) -> None:

@@ -1,6 +1,7 @@
 """Lock rounds under a busy gevent or eventlet hub, in a process of their own.
 
     python tests/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative]
+    python tests/green_rounds.py gevent|eventlet URL[,URL...] lost
 
 Monkey-patches the whole process first (as ``celery worker -P gevent|eventlet``
 does), then starts one greenlet that computes for 2 s in 100 ms slices and yields in
@@ -13,6 +14,13 @@ and ``mean_s``. By default rounds use unpatched sockets and never yield, so an
 acquire's time is also how long it blocked the hub. ``cooperative`` measures the
 alternative: rounds on the patched (cooperative) sockets and poll, gevent only
 (eventlet's patching removes ``select.poll``).
+
+``lost``: a lease the watchdog renews (ttl 1 s) while a greenlet computes without
+yielding, its key deleted from every node meanwhile. Prints ``held_false_after_s``
+(when, counted from the deletion, the computing greenlet saw ``lease.held`` turn
+False: the renewal thread marked it), ``callback_before_yield`` (whether its
+``on_lost`` callback ran before the greenlet yielded: it must not, it belongs to the
+hub), ``callback_thread_is_hub`` (it ran on the hub's OS thread).
 """
 
 from __future__ import annotations
@@ -87,7 +95,34 @@ def main(urls: list[str], count: int) -> dict[str, Any]:
     return report
 
 
-if __name__ == "__main__":
+def lost(urls: list[str]) -> dict[str, Any]:
+    import redis
+
+    lock = Redlock(urls, ttl=1)
+    hub_thread = unpatched.get_ident()
+    seen: dict[str, Any] = {"yielded": False}
+
+    def on_lost(_lease: object) -> None:
+        seen["callback_before_yield"] = not seen["yielded"]
+        seen["callback_thread_is_hub"] = unpatched.get_ident() == hub_thread
+
+    with lock.lock(f"green-lost:{time.time_ns()}", auto_extend=True) as lease:
+        lease.on_lost(on_lost)
+        for url in urls:
+            redis.Redis.from_url(url).delete(lease.key)
+        deleted = time.monotonic()
+        while lease.held and time.monotonic() < deleted + 5.0:
+            pass  # computes without yielding: only an OS thread can mark it lost
+        seen["held_false_after_s"] = None if lease.held else time.monotonic() - deleted
+        seen["yielded"] = True
+        time.sleep(0.05)  # patched: yields, and the hub runs the handed-over callback
+    seen.pop("yielded")
+    return seen
+
+
+if __name__ == "__main__" and sys.argv[3:4] == ["lost"]:
+    print(json.dumps(lost(sys.argv[2].split(","))))
+elif __name__ == "__main__":
     unpatched.USE_ORIGINALS = "cooperative" not in sys.argv[4:]
     result = main(sys.argv[2].split(","), int(sys.argv[3]) if len(sys.argv) > 3 else 50)
     print(json.dumps(result))

@@ -11,7 +11,9 @@ keeps a lease through a body longer than its TTL; (c) a warm shutdown releases t
 For gevent and eventlet also: (d) a CPU-bound body longer than its TTL keeps its lock
 while a duplicate on another worker waits; (e) a herd of 50 greenlets starting at once,
 while other greenlets compute, sees no false "lock nodes unavailable" (and, without a
-worker, 50 first rounds beside a greenlet that computes in slices see none). Where the pool
+worker, 50 first rounds beside a greenlet that computes in slices see none); a lease lost
+while a greenlet computes is not held at once, its on_lost callback waits for the hub.
+Where the pool
 enforces hard time limits (prefork, gevent; Celery has none for threads, solo and
 eventlet), (f) a body killed by one leaves no lock behind for long, and no one runs
 while it still runs.
@@ -348,6 +350,20 @@ def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
     assert all(r.result["held"] for r in herd)
 
 
+def run_green_rounds(*args: str) -> dict[str, Any]:
+    """Run tests/green_rounds.py in a process of its own; its JSON report."""
+    done = subprocess.run(
+        [sys.executable, str(TESTS_DIR / "green_rounds.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=CHECKOUT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
 @pytest.mark.parametrize("hub", ["gevent", "eventlet"])
 def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_false_outage(
     redis_nodes: RedisCluster, hub: str
@@ -355,19 +371,27 @@ def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_fals
     """The herd's cause, without a worker: in a monkey-patched process, 50 greenlets each
     try once to take a key of their own, the process's first rounds, while another
     greenlet computes in slices of two node_timeouts. Healthy nodes: every try wins."""
-    done = subprocess.run(
-        [sys.executable, str(TESTS_DIR / "green_rounds.py"), hub, ",".join(redis_nodes.urls)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=CHECKOUT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_green_rounds(hub, ",".join(redis_nodes.urls))
     print(f"{hub}: 50 first rounds beside a busy greenlet: {report}")
     assert report["errors"] == []
     assert report["unavailable"] == 0
     assert report["won"] == 50
+
+
+@pytest.mark.parametrize("hub", ["gevent", "eventlet"])
+def test_a_lease_lost_while_a_greenlet_computes_is_not_held_at_once_and_calls_back_on_the_hub(
+    redis_nodes: RedisCluster, hub: str
+) -> None:
+    """The renewal thread is a real OS thread: it finds the lease lost (its key deleted
+    from every node) while a greenlet computes without yielding, and ``held`` turns
+    False in that greenlet at once; the ``on_lost`` callback waits for the hub."""
+    report = run_green_rounds(hub, ",".join(redis_nodes.urls), "lost")
+    print(f"{hub}: lease lost while computing: {report}")
+    # Found at the next renewal (ttl/3) or its retries: well within the 1 s TTL.
+    assert report["held_false_after_s"] is not None
+    assert report["held_false_after_s"] < 1.0
+    assert report["callback_before_yield"] is False
+    assert report["callback_thread_is_hub"] is True
 
 
 # -- (f) hard time limits -------------------------------------------------------------------
