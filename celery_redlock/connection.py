@@ -32,10 +32,11 @@ import os
 import socket
 import ssl
 from collections import deque
-from typing import Any, Final, Optional, Protocol
+from typing import Any, Final, Optional, Protocol, cast
 
 from redis import exceptions as rexc
 
+from . import unpatched
 from .resp import INCOMPLETE, Command, pack, parse
 from .scripts import ALL_SCRIPTS
 
@@ -154,7 +155,7 @@ class Connection:
         self.pending: list[bytes] = []  # commands queued before the connection is ready
         self.behind_since: Optional[float] = None  # owing stale replies, without a break
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = unpatched.socket_class()(family, socket.SOCK_STREAM)  # never cooperative
         self.sock: Optional[socket.socket] = sock
         sock.setblocking(False)
         if family != socket.AF_UNIX:
@@ -308,9 +309,10 @@ class Connection:
         self.flush()
 
     def _tls_step(self) -> None:
-        assert isinstance(self.sock, ssl.SSLSocket)
+        # An original SSLSocket: under gevent not an instance of the patched ssl.SSLSocket.
+        sock = cast(ssl.SSLSocket, self.sock)
         try:
-            self.sock.do_handshake()
+            sock.do_handshake()
         except ssl.SSLWantReadError:
             self.tls_wants_write = False
             return

@@ -16,11 +16,11 @@ no nodes and imports nothing from redlock.py or nodes.py (nor Celery).
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import timedelta
 from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 
 from . import validate
+from .background import in_hub, new_rlock
 from .errors import LockLost
 
 __all__ = ["Duration", "Extension", "Lease", "LeaseOwner"]
@@ -95,7 +95,7 @@ class Lease:
         self._on_lost: list[Callable[[Lease], Any]] = []
         self._on_extended: list[Callable[[Lease], Any]] = []
         self._lost_fired = False
-        self._lock = threading.RLock()
+        self._lock = new_rlock()  # an original lock: the watchdog's OS thread takes it
 
     def __repr__(self) -> str:
         state = "released" if self._released else f"validity={self.validity:.3f}s"
@@ -165,11 +165,8 @@ class Lease:
                 self._lost_reason = reason
             self._lost_fired = True
             callbacks = list(self._on_lost)
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception:
-                logger.exception("lock_lost callback failed for %s", self.key)
+        if callbacks:
+            in_hub(lambda: self._run(callbacks, "lock_lost"))
 
     def extend(self, ttl: Optional[Duration] = None) -> bool:
         """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
@@ -198,12 +195,18 @@ class Lease:
             if outcome.reason is not None and outcome.retry_by is None:
                 self.mark_lost(outcome.reason)
             return False
+        if callbacks:
+            in_hub(lambda: self._run(callbacks, "lock_extended"))
+        return True
+
+    def _run(self, callbacks: list[Callable[[Lease], Any]], what: str) -> None:
+        # Under gevent or eventlet, from the watchdog's OS thread: handed to the hub
+        # (by in_hub), since callbacks log, send signals and take green locks.
         for callback in callbacks:
             try:
                 callback(self)
             except Exception:
-                logger.exception("lock_extended callback failed for %s", self.key)
-        return True
+                logger.exception("%s callback failed for %s", what, self.key)
 
     def release(self) -> bool:
         """Delete the key on all nodes where it still holds our token.

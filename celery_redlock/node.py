@@ -27,6 +27,7 @@ import redis
 from redis import exceptions as rexc
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
+from . import unpatched
 from .connection import MIN_OWED_AGE, READY, Connection, handshake
 from .errors import ConfigurationError
 
@@ -142,7 +143,7 @@ class Node:
         if self._sockaddr is None:
             # Resolved once and cached: getaddrinfo blocks, and for an IP literal
             # or /etc/hosts name it is instant anyway.
-            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            infos = unpatched.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
             family, _, _, _, sockaddr = infos[0]
             self._sockaddr = (family, sockaddr)
         return self._sockaddr
@@ -231,7 +232,7 @@ def _ssl_settings(kwargs: dict[str, Any], index: int) -> tuple[ssl.SSLContext, O
             f"nodes[{index}]: invalid TLS settings ({exc}); ssl_cert_reqs accepts "
             "none, optional or required"
         ) from None
-    context = ssl.create_default_context()
+    context = unpatched.ssl_context()  # its sockets are never cooperative
     context.check_hostname = bool(model.check_hostname)
     context.verify_mode = model.cert_reqs
     try:

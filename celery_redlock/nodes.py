@@ -34,7 +34,7 @@ from typing import Callable, Final, Optional, Sequence
 
 from redis import exceptions as rexc
 
-from . import finisher
+from . import finisher, unpatched
 from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .errors import ConfigurationError
 from .node import Node
@@ -115,7 +115,7 @@ class NodeSet:
             return owing
         # Take only what can move now (bytes in, room to write, or given up on):
         # a hung node's connection stays in the pool for rounds to use.
-        poller = select.poll()
+        poller = unpatched.poll()
         for _, conn in due:
             poller.register(conn.fileno(), _POLLIN | (_POLLOUT if conn.wants_write else 0))
         ready = {fd for fd, _ in poller.poll(0)}
@@ -224,7 +224,7 @@ class NodeSet:
     ) -> bool:
         """Read replies until decided (False) or the deadline passed (True)."""
         started = self._clock()
-        poller = select.poll()
+        poller = unpatched.poll()
         by_fd: dict[int, int] = {}
         for i, conn in enumerate(conns):
             if conn is not None:

@@ -15,9 +15,11 @@ the scarce thing in a prefork child. Fork-aware: a child process that asks for t
 watchdog gets its own thread (threads do not survive ``fork``) and never renews
 its parent's leases.
 
-Under gevent or eventlet the thread is a greenlet: a CPU-bound task that never
-yields starves it, and its lease expires. Keep such tasks' TTL above their longest
-stretch without I/O.
+Under gevent or eventlet the thread is still a real OS thread (background.py), and
+its rounds use unpatched sockets: a greenlet computing without yielding does not
+starve it. A lease it finds lost is marked so at once (``held`` turns False in the
+task), but its ``on_lost`` and ``on_extended`` callbacks, and its log lines, are
+handed to the hub, so they run when the computing greenlet next yields.
 
 Imports only lease.py and background.py (no Celery, not redlock.py: the lock imports
 the watchdog).
@@ -25,18 +27,16 @@ the watchdog).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
-from .background import new_condition, new_lock, start_daemon_thread
+from .background import in_hub, new_condition, new_lock, start_daemon_thread
 from .lease import Lease
-
-if TYPE_CHECKING:
-    import threading
 
 __all__ = ["Watchdog", "get_watchdog"]
 
@@ -52,7 +52,7 @@ class Watchdog:
         self._watched: dict[int, tuple[Lease, float]] = {}  # id -> (lease, interval)
         self._seq = itertools.count()
         self._cond = new_condition()
-        self._thread: Optional[threading.Thread] = None
+        self._started = False
         self._pid = os.getpid()
 
     def watch(self, lease: Lease, interval: Optional[float] = None) -> None:
@@ -89,8 +89,9 @@ class Watchdog:
         heapq.heappush(self._queue, (due, next(self._seq), lease))
 
     def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = start_daemon_thread(self._run, "celery-redlock-watchdog")
+        if not self._started:  # the thread never ends (a fork gets a new Watchdog)
+            self._started = True
+            start_daemon_thread(self._run, "celery-redlock-watchdog")
 
     def _run(self) -> None:
         while True:
@@ -114,8 +115,10 @@ class Watchdog:
             return
         try:
             extended = lease.extend()
-        except Exception:  # never let one lease kill the thread that serves them all
-            logger.exception("renewing lock %s failed", lease.key)
+        except Exception as exc:  # never let one lease kill the thread that serves them all
+            in_hub(
+                functools.partial(logger.error, "renewing lock %s failed", lease.key, exc_info=exc)
+            )
             extended = False
         if extended:
             due = self._clock() + every

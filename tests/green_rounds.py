@@ -1,6 +1,7 @@
 """Lock rounds under a busy gevent or eventlet hub, in a process of their own.
 
-    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count]
+    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative]
+    python tests/green_rounds.py gevent|eventlet URL[,URL...] lost
 
 Monkey-patches the whole process first (as ``celery worker -P gevent|eventlet``
 does), then starts one greenlet that computes for 2 s in 100 ms slices and yields in
@@ -8,7 +9,18 @@ between (CPU-heavy but cooperative work, two default node_timeouts a slice), and
 greenlets (default 50) that each try once to acquire a key of their own on the given
 nodes, with the default node_timeout. Prints one JSON line: ``won``, ``unavailable``
 (QuorumUnavailable while every node is healthy: a false outage), ``errors`` (any other
-exception, as text), ``slowest_s`` (the slowest acquire).
+exception, as text), ``slowest_s`` (the slowest acquire, from its call to its return)
+and ``mean_s``. By default rounds use unpatched sockets and never yield, so an
+acquire's time is also how long it blocked the hub. ``cooperative`` measures the
+alternative: rounds on the patched (cooperative) sockets and poll, gevent only
+(eventlet's patching removes ``select.poll``).
+
+``lost``: a lease the watchdog renews (ttl 1 s) while a greenlet computes without
+yielding, its key deleted from every node meanwhile. Prints ``held_false_after_s``
+(when, counted from the deletion, the computing greenlet saw ``lease.held`` turn
+False: the renewal thread marked it), ``callback_before_yield`` (whether its
+``on_lost`` callback ran before the greenlet yielded: it must not, it belongs to the
+hub), ``callback_thread_is_hub`` (it ran on the hub's OS thread).
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
-from celery_redlock import QuorumUnavailable, Redlock  # noqa: E402
+from celery_redlock import QuorumUnavailable, Redlock, unpatched  # noqa: E402
 
 #: Seconds each slice of the busy greenlet computes before it yields, and how many.
 SLICE = 0.1
@@ -54,6 +66,8 @@ def _spawn_and_wait(functions: list[Callable[[], None]]) -> None:
 def main(urls: list[str], count: int) -> dict[str, Any]:
     lock = Redlock(urls, ttl=10)
     report: dict[str, Any] = {"won": 0, "unavailable": 0, "errors": [], "slowest_s": 0.0}
+    took: list[float] = []
+    prefix = f"green-rounds:{time.time_ns()}"
 
     def busy() -> None:
         for _ in range(SLICES):
@@ -65,20 +79,50 @@ def main(urls: list[str], count: int) -> dict[str, Any]:
     def acquire(index: int) -> None:
         began = time.monotonic()
         try:
-            lease = lock.acquire(f"green-rounds:{index}", blocking=False)
+            lease = lock.acquire(f"{prefix}:{index}", blocking=False)
             report["won"] += lease is not None
         except QuorumUnavailable:
             report["unavailable"] += 1
         except Exception as exc:
             report["errors"].append(f"{type(exc).__name__}: {exc}")
         finally:
-            report["slowest_s"] = max(report["slowest_s"], time.monotonic() - began)
+            took.append(time.monotonic() - began)
 
     herd: list[Callable[[], None]] = [functools.partial(acquire, i) for i in range(count)]
     _spawn_and_wait([busy, *herd])
+    report["slowest_s"] = max(took)
+    report["mean_s"] = sum(took) / len(took)
     return report
 
 
-if __name__ == "__main__":
+def lost(urls: list[str]) -> dict[str, Any]:
+    import redis
+
+    lock = Redlock(urls, ttl=1)
+    hub_thread = unpatched.get_ident()
+    seen: dict[str, Any] = {"yielded": False}
+
+    def on_lost(_lease: object) -> None:
+        seen["callback_before_yield"] = not seen["yielded"]
+        seen["callback_thread_is_hub"] = unpatched.get_ident() == hub_thread
+
+    with lock.lock(f"green-lost:{time.time_ns()}", auto_extend=True) as lease:
+        lease.on_lost(on_lost)
+        for url in urls:
+            redis.Redis.from_url(url).delete(lease.key)
+        deleted = time.monotonic()
+        while lease.held and time.monotonic() < deleted + 5.0:
+            pass  # computes without yielding: only an OS thread can mark it lost
+        seen["held_false_after_s"] = None if lease.held else time.monotonic() - deleted
+        seen["yielded"] = True
+        time.sleep(0.05)  # patched: yields, and the hub runs the handed-over callback
+    seen.pop("yielded")
+    return seen
+
+
+if __name__ == "__main__" and sys.argv[3:4] == ["lost"]:
+    print(json.dumps(lost(sys.argv[2].split(","))))
+elif __name__ == "__main__":
+    unpatched.USE_ORIGINALS = "cooperative" not in sys.argv[4:]
     result = main(sys.argv[2].split(","), int(sys.argv[3]) if len(sys.argv) > 3 else 50)
     print(json.dumps(result))

@@ -7,8 +7,7 @@ per task id, monotonic intervals). Safety is judged from the observer, never fro
 lock's own word. Each worker logs to its own file, which the tests read for the
 contention WARNING and lock lost ERROR lines.
 
-gevent / eventlet pools are not covered here: neither is installed in the test
-environment.
+gevent and eventlet are covered, with every other pool, by tests/test_pools.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ keeps a lease through a body longer than its TTL; (c) a warm shutdown releases t
 For gevent and eventlet also: (d) a CPU-bound body longer than its TTL keeps its lock
 while a duplicate on another worker waits; (e) a herd of 50 greenlets starting at once,
 while other greenlets compute, sees no false "lock nodes unavailable" (and, without a
-worker, 50 first rounds beside a greenlet that computes in slices see none). Where the pool
+worker, 50 first rounds beside a greenlet that computes in slices see none); a lease lost
+while a greenlet computes is not held at once, its on_lost callback waits for the hub.
+Where the pool
 enforces hard time limits (prefork, gevent; Celery has none for threads, solo and
 eventlet), (f) a body killed by one leaves no lock behind for long, and no one runs
 while it still runs.
@@ -62,34 +64,6 @@ stack = test_celery_workers.stack
 READY_TIMEOUT = 60.0
 TTL_NS = int(poolapp.TTL * 1e9)
 
-# -- the defects these tests reproduce (strict: the fix must remove the mark) ---------------
-
-EVENTLET_NO_POLL = pytest.mark.xfail(
-    strict=True,
-    reason="eventlet.monkey_patch() deletes select.poll: every lock round raises "
-    "AttributeError, so every RedlockTask fails before its body runs",
-)
-# Not strict: it fails in about two runs of three (the greenlets' interleaving decides).
-# Once rounds and renewals no longer wait for the hub it must pass every time: drop the
-# mark then.
-GEVENT_ROUND_YIELDS = pytest.mark.xfail(
-    strict=False,
-    reason="under gevent lock rounds yield to the hub (gevent's resolver and poll): while "
-    "other greenlets compute, acquires report healthy nodes unavailable and renewals "
-    "miss their deadline, so leases are lost",
-)
-GEVENT_ROUND_YIELDS_ALWAYS = pytest.mark.xfail(
-    strict=True,
-    reason="under gevent a lock round yields to the hub (gevent's resolver on a node's "
-    "first connection, gevent's poll): a greenlet computing meanwhile outlasts its "
-    "node_timeout and healthy nodes are reported unavailable",
-)
-GEVENT_CPU_STARVES_WATCHDOG = pytest.mark.xfail(
-    strict=True,
-    reason="under gevent the watchdog is a greenlet: a CPU-bound body starves it, the "
-    "lease expires at its TTL and a duplicate on another worker runs beside it",
-)
-
 
 @dataclass(frozen=True)
 class Pool:
@@ -109,16 +83,13 @@ POOLS = {
 }
 
 
-def every_pool(**marks: Any) -> list[Any]:
-    """``POOLS`` as pytest params, each with the marks given for its name."""
-    return [pytest.param(pool, marks=marks.get(name, ()), id=name) for name, pool in POOLS.items()]
+def every_pool() -> list[Any]:
+    """``POOLS`` as pytest params."""
+    return [pytest.param(pool, id=name) for name, pool in POOLS.items()]
 
 
-def green_pools(**marks: Any) -> list[Any]:
-    return [
-        pytest.param(POOLS[name], marks=marks.get(name, ()), id=name)
-        for name in ("gevent", "eventlet")
-    ]
+def green_pools() -> list[Any]:
+    return [pytest.param(POOLS[name], id=name) for name in ("gevent", "eventlet")]
 
 
 # -- servers and workers --------------------------------------------------------------------
@@ -244,7 +215,7 @@ class Renewals:
 # -- (a) same-key contention ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_same_key_tasks_run_each_once_and_never_two_at_a_time(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -269,7 +240,7 @@ def test_same_key_tasks_run_each_once_and_never_two_at_a_time(
 # -- (b) the watchdog -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_watchdog_keeps_the_lock_through_a_body_longer_than_its_ttl(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -300,7 +271,7 @@ def test_watchdog_keeps_the_lock_through_a_body_longer_than_its_ttl(
 # -- (c) warm shutdown ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", every_pool(eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", every_pool())
 def test_warm_shutdown_finishes_the_body_and_releases_its_lock(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -321,9 +292,7 @@ def test_warm_shutdown_finishes_the_body_and_releases_its_lock(
 # -- (d) CPU-bound bodies under gevent / eventlet -------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "pool", green_pools(gevent=GEVENT_CPU_STARVES_WATCHDOG, eventlet=EVENTLET_NO_POLL)
-)
+@pytest.mark.parametrize("pool", green_pools())
 def test_cpu_bound_body_longer_than_its_ttl_keeps_its_lock_from_a_waiting_duplicate(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -351,7 +320,7 @@ def test_cpu_bound_body_longer_than_its_ttl_keeps_its_lock_from_a_waiting_duplic
 # -- (e) a herd of greenlets ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", green_pools(gevent=GEVENT_ROUND_YIELDS, eventlet=EVENTLET_NO_POLL))
+@pytest.mark.parametrize("pool", green_pools())
 def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
     stack: Stack, start_workers: StartWorkers, pool: Pool
 ) -> None:
@@ -381,32 +350,48 @@ def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
     assert all(r.result["held"] for r in herd)
 
 
-@pytest.mark.parametrize(
-    "hub",
-    [
-        pytest.param("gevent", marks=GEVENT_ROUND_YIELDS_ALWAYS, id="gevent"),
-        pytest.param("eventlet", marks=EVENTLET_NO_POLL, id="eventlet"),
-    ],
-)
-def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_false_outage(
-    redis_nodes: RedisCluster, hub: str
-) -> None:
-    """The herd's cause, without a worker: in a monkey-patched process, 50 greenlets each
-    try once to take a key of their own, the process's first rounds, while another
-    greenlet computes in slices of two node_timeouts. Healthy nodes: every try wins."""
+def run_green_rounds(*args: str) -> dict[str, Any]:
+    """Run tests/green_rounds.py in a process of its own; its JSON report."""
     done = subprocess.run(
-        [sys.executable, str(TESTS_DIR / "green_rounds.py"), hub, ",".join(redis_nodes.urls)],
+        [sys.executable, str(TESTS_DIR / "green_rounds.py"), *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=CHECKOUT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize("hub", ["gevent", "eventlet"])
+def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_false_outage(
+    redis_nodes: RedisCluster, hub: str
+) -> None:
+    """The herd's cause, without a worker: in a monkey-patched process, 50 greenlets each
+    try once to take a key of their own, the process's first rounds, while another
+    greenlet computes in slices of two node_timeouts. Healthy nodes: every try wins."""
+    report = run_green_rounds(hub, ",".join(redis_nodes.urls))
     print(f"{hub}: 50 first rounds beside a busy greenlet: {report}")
     assert report["errors"] == []
     assert report["unavailable"] == 0
     assert report["won"] == 50
+
+
+@pytest.mark.parametrize("hub", ["gevent", "eventlet"])
+def test_a_lease_lost_while_a_greenlet_computes_is_not_held_at_once_and_calls_back_on_the_hub(
+    redis_nodes: RedisCluster, hub: str
+) -> None:
+    """The renewal thread is a real OS thread: it finds the lease lost (its key deleted
+    from every node) while a greenlet computes without yielding, and ``held`` turns
+    False in that greenlet at once; the ``on_lost`` callback waits for the hub."""
+    report = run_green_rounds(hub, ",".join(redis_nodes.urls), "lost")
+    print(f"{hub}: lease lost while computing: {report}")
+    # Found at the next renewal (ttl/3) or its retries: well within the 1 s TTL.
+    assert report["held_false_after_s"] is not None
+    assert report["held_false_after_s"] < 1.0
+    assert report["callback_before_yield"] is False
+    assert report["callback_thread_is_hub"] is True
 
 
 # -- (f) hard time limits -------------------------------------------------------------------
