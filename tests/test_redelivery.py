@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -225,10 +226,12 @@ def watch_freeing(
     *,
     appear_first: bool = False,
     every_node: bool = False,
+    first_look: Optional[threading.Event] = None,
 ) -> Freeing:
     """Look at ``key`` every 5 ms until the holder (``holding(value)``) is off a
     majority (``every_node``: off every node); with ``appear_first``, only once it
-    has been seen on a majority."""
+    has been seen on a majority. ``first_look`` is set once the first sighting is in
+    (a caller can then act, knowing the watch began before)."""
     majority = len(stack.node_clients) // 2 + 1
     free_below = 1 if every_node else majority
     sightings: list[Sighting] = []
@@ -238,6 +241,8 @@ def watch_freeing(
     while True:
         sighting = sight(stack, key)
         sightings.append(sighting)
+        if first_look is not None:
+            first_look.set()
         count = sighting.holders(holding)
         seen = seen or count >= majority
         if seen and count < free_below:
@@ -523,8 +528,12 @@ def test_revoke_terminate_while_running_frees_the_lock_within_its_ttl(
     started(stack, counter, result.id)
     waiter = send(stack, "hold", tag=counter, seconds=0.05, counter=counter + "-waiter")
     eventually(lambda: contended(stack, waiter.id), 15, "the waiter met the lock")
+    looked = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        watching = pool.submit(watch_freeing, stack, key, first, 30.0)
+        watching = pool.submit(watch_freeing, stack, key, first, 30.0, first_look=looked)
+        # The first sighting comes before the revoke: the running body holds the lock
+        # then (the waiter met it), so last_held is set by construction.
+        assert looked.wait(30), "the watch never took its first look"
         revoking = time.monotonic_ns()
         # The worker signals the child, then replies: by the reply, the child is told.
         replies = stack.client.control.revoke(
