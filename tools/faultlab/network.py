@@ -39,9 +39,9 @@ from .scanner import leftover_keys
 
 def late_replies(lab: Lab, seed: int, trials: int = 12) -> RowResult:
     """Replies from 3 of 5 nodes are held back by the proxy and let go: as soon as the
-    SETs are seen on those nodes (early: the control, which must be granted), or at a
-    random moment after validity ran out but before the round's deadline (late: the
-    quorum is read, and must be refused), or after the deadline.
+    SETs are seen on those nodes (early: the control, which must be granted), or a
+    random delay after that sighting, past validity but before the round's deadline
+    (late: the quorum is read, and must be refused), or past the deadline.
 
     ttl 1 s, drift_factor 0.1 (margin 102 ms), node_timeout 0.98 s: validity is gone
     at 0.898 s, the round ends at 0.98 s. The early band waits for an event, not a
@@ -89,18 +89,19 @@ def late_replies(lab: Lab, seed: int, trials: int = 12) -> RowResult:
         def release_later(
             held: list[int] = held,
             delay: Optional[float] = delay,
-            call: int = call,
             key: str = key,
             let_go: list[int] = let_go,
         ) -> None:
-            if delay is None:
-                give_up = time.monotonic() + PATIENCE
-                while sum(direct[i].exists(key) for i in held) < len(held):
-                    if time.monotonic() > give_up:
-                        break
-                    time.sleep(0.0005)
-            else:
-                time.sleep(max(0.0, call / NS + delay - time.monotonic()))
+            # The SETs are seen on the held nodes only after the round began, so a
+            # delay counted from that sighting is at least as long on the lock's own
+            # clock: "late" is late by construction, however late this thread woke.
+            give_up = time.monotonic() + PATIENCE
+            while sum(direct[i].exists(key) for i in held) < len(held):
+                if time.monotonic() > give_up:
+                    break
+                time.sleep(0.0005)
+            if delay is not None:
+                time.sleep(delay)
             let_go.append(now_ns())
             for index in held:
                 proxies[index].release_replies()
