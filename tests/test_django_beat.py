@@ -33,6 +33,7 @@ PERIOD = 2
 #: Ticks to see executed before judging (the last one is not judged: a duplicate of
 #: it could still be on its way).
 TICKS = 5
+ANY_OUTCOME = "won|sent by another beat"
 
 SETUP = f"""
 import django
@@ -82,7 +83,9 @@ def test_two_database_beats_send_each_tick_once(
         deadline = time.monotonic() + 60 + TICKS * PERIOD
         while True:
             runs = [line.split() for line in observer.lrange("runs", 0, -1)]
-            if len({tick for tick, _ in runs}) >= TICKS:
+            # Enough ticks ran, and both beats have been at it for a few of them.
+            looked = [_ticks(beat, ANY_OUTCOME) for beat in beats]
+            if len({tick for tick, _ in runs}) >= TICKS and min(map(len, looked)) >= 3:
                 break
             assert time.monotonic() < deadline, f"ticks seen so far: {runs}"
             time.sleep(0.1)
@@ -92,10 +95,12 @@ def test_two_database_beats_send_each_tick_once(
         assert judged == list(range(judged[0], judged[0] + len(judged)))  # none missed
         won = Counter(tick for beat in beats for tick in _ticks(beat, "won"))
         assert all(won[tick] == 1 for tick in judged), won
-        # Both beats looked at every tick: one won it, the other found it taken.
-        for beat in beats:
-            seen = _ticks(beat, "won|sent by another beat")
-            assert set(judged) <= set(seen), (beat.name, seen)
+        # Once both had started, both looked at every tick: one won it, the other
+        # found it taken.
+        both = [tick for tick in judged if tick >= max(seen[0] for seen in looked)]
+        assert len(both) >= 2, looked
+        for beat, seen in zip(beats, looked):
+            assert set(both) <= set(seen), (beat.name, seen)
     finally:
         for process in processes:
             process.kill()
