@@ -9,12 +9,15 @@ with its own schedule file::
     host-a$ celery -A proj beat -S redlock --schedule /var/lib/beat/schedule
     host-b$ celery -A proj beat -S redlock --schedule /var/lib/beat/schedule
 
-A database-backed scheduler gets the same behaviour from the mixin::
+A database-backed scheduler gets the same behaviour from the mixin (put it first)::
 
     from celery_redlock.beat import RedlockSchedulerMixin
 
     class LockedDatabaseScheduler(RedlockSchedulerMixin, DatabaseScheduler):
         pass
+
+django-celery-beat's is ready-made:
+``-S celery_redlock.contrib.django_celery_beat:RedlockDatabaseScheduler``.
 
 What happens per tick: every beat evaluates every entry as usual. When an entry is
 due, the beat works out its *tick*, a number every beat agrees on, and tries to win

@@ -3,6 +3,7 @@
 Configured from the environment, so one module serves every test's servers:
 
 - ``BROKER_URL``: broker and result backend (a redis-server of the test's own);
+- ``BACKEND_URL``: the result backend when the broker is not Redis (RabbitMQ);
 - ``REDLOCK_NODES``: the lock nodes, comma-separated Redis URLs;
 - ``OBSERVER_URL``: a third Redis the task bodies report to. The lock never sees it:
   it is the independent witness that checks the lock's promises.
@@ -34,6 +35,7 @@ from celery.exceptions import MaxRetriesExceededError
 from celery_redlock import RedlockTask
 
 BROKER_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
+BACKEND_URL = os.environ.get("BACKEND_URL", BROKER_URL)
 OBSERVER_URL = os.environ.get("OBSERVER_URL", BROKER_URL)
 REDLOCK_NODES = [
     url.strip() for url in os.environ.get("REDLOCK_NODES", BROKER_URL).split(",") if url.strip()
@@ -46,7 +48,7 @@ KEY_PREFIX = "redlock"
 RETRY_BACKOFF = 0.05
 RETRY_BACKOFF_MAX = 0.5
 
-app = Celery("workerapp", broker=BROKER_URL, backend=BROKER_URL, set_as_current=False)
+app = Celery("workerapp", broker=BROKER_URL, backend=BACKEND_URL, set_as_current=False)
 app.conf.update(
     broker_connection_retry_on_startup=True,
     task_create_missing_queues=True,
@@ -171,6 +173,8 @@ hold_fast_retry = _occupy_task(
 )
 #: Fails with LockContended while the key is held.
 hold_fail = _occupy_task("hold_fail", redlock_ttl=2.0, redlock_on_contended="fail")
+#: Skipped (SUCCESS, the skipped marker as its result) while the key is held.
+hold_skip = _occupy_task("hold_skip", redlock_ttl=2.0, redlock_on_contended="skip")
 #: A 1 s lease: only the watchdog keeps it through a longer body.
 hold_ttl1 = _occupy_task("hold_ttl1", redlock_ttl=1.0)
 #: A 1.5 s lease, for losing the quorum mid-task.

@@ -15,6 +15,8 @@ free loopback port, in its own temporary directory.
 - :class:`CeleryProcess` (``processes.py``): a real ``celery worker`` or ``celery
   beat`` subprocess: started, awaited until ready, its log read, stopped warm or
   killed cold.
+- :class:`RabbitMQNode` (``rabbitmq.py``): a private ``rabbitmq-server`` node, for
+  a broker that is not Redis.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
   ``redis_server_factory``, ``redis_cluster_factory``, ``fault_proxy_factory``.
@@ -49,6 +51,7 @@ from .ports import LOOPBACK as LOOPBACK
 from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
 from .proxy import Direction as Direction
 from .proxy import FaultProxy, FaultProxyFactory
+from .rabbitmq import RabbitMQNode, find_rabbitmq_server
 from .server import START_TIMEOUT as START_TIMEOUT
 from .server import STOP_TIMEOUT as STOP_TIMEOUT
 from .server import RedisServer, RedisServerFactory
@@ -70,11 +73,13 @@ __all__ = [
     "FaultProxy",
     "FaultProxyFactory",
     "ProcessNotReady",
+    "RabbitMQNode",
     "RedisCluster",
     "RedisClusterFactory",
     "RedisServer",
     "RedisServerFactory",
     "die_with_parent",
+    "find_rabbitmq_server",
     "find_redis_server",
     "wait_all_ready",
 ]

@@ -1,0 +1,1 @@
+"""A Django app whose one task, ``ticks.count``, the database schedule runs."""

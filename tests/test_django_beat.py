@@ -1,0 +1,114 @@
+"""django-celery-beat: two real ``celery beat`` processes on one database schedule
+(SQLite) with :class:`RedlockDatabaseScheduler`, and one real worker; each tick runs
+exactly once.
+
+The project is tests/djangoproj (settings from the environment). The schedule is
+migrated into a temporary SQLite file and given one entry, an IntervalSchedule of
+2 s, in a subprocess: Django's settings are process-wide, so this process never
+sets Django up. What ran is judged from the observer Redis only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServerFactory, wait_all_ready
+
+pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+
+pytestmark = pytest.mark.slow
+
+TESTS_DIR = Path(__file__).resolve().parent
+CHECKOUT = TESTS_DIR.parent
+SCHEDULER = "celery_redlock.contrib.django_celery_beat:RedlockDatabaseScheduler"
+PERIOD = 2
+#: Ticks to see executed before judging (the last one is not judged: a duplicate of
+#: it could still be on its way).
+TICKS = 5
+ANY_OUTCOME = "won|sent by another beat"
+
+SETUP = f"""
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0, interactive=False)
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+every = IntervalSchedule.objects.create(every={PERIOD}, period=IntervalSchedule.SECONDS)
+PeriodicTask.objects.create(name="count", task="ticks.count", interval=every)
+"""
+
+
+def test_two_database_beats_send_each_tick_once(
+    redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster, tmp_path: Path
+) -> None:
+    broker = redis_server_factory()
+    observer_server = redis_server_factory()
+    observer = observer_server.client(decode_responses=True)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "djangoproj.settings",
+        "DJANGO_DB_PATH": str(tmp_path / "schedule.sqlite3"),
+        "BROKER_URL": broker.url,
+        "REDLOCK_NODES": ",".join(redis_nodes.urls),
+        "OBSERVER_URL": observer_server.url,
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(CHECKOUT)]),
+    }
+    subprocess.run([sys.executable, "-c", SETUP], env=env, check=True, timeout=120)
+    worker = CeleryProcess.worker(
+        "djangoproj", log_path=tmp_path / "w1.log", cwd=TESTS_DIR, env=env
+    )
+    beats = [
+        CeleryProcess.beat(
+            "djangoproj",
+            name=name,
+            scheduler=SCHEDULER,
+            log_path=tmp_path / f"{name}.log",
+            pidfile=tmp_path / f"{name}.pid",
+            cwd=TESTS_DIR,
+            env=env,
+        )
+        for name in ("beat1", "beat2")
+    ]
+    processes = [worker, *beats]
+    try:
+        wait_all_ready(processes)
+        deadline = time.monotonic() + 60 + TICKS * PERIOD
+        while True:
+            runs = [line.split() for line in observer.lrange("runs", 0, -1)]
+            # Enough ticks ran, and both beats have been at it for a few of them.
+            looked = [_ticks(beat, ANY_OUTCOME) for beat in beats]
+            if len({tick for tick, _ in runs}) >= TICKS and min(map(len, looked)) >= 3:
+                break
+            assert time.monotonic() < deadline, f"ticks seen so far: {runs}"
+            time.sleep(0.1)
+        per_tick = Counter(int(tick) for tick, _ in runs)  # "None" would fail here
+        judged = sorted(per_tick)[:-1]
+        assert {tick: per_tick[tick] for tick in judged} == dict.fromkeys(judged, 1)
+        assert judged == list(range(judged[0], judged[0] + len(judged)))  # none missed
+        won = Counter(tick for beat in beats for tick in _ticks(beat, "won"))
+        assert all(won[tick] == 1 for tick in judged), won
+        # Once both had started, both looked at every tick: one won it, the other
+        # found it taken.
+        both = [tick for tick in judged if tick >= max(seen[0] for seen in looked)]
+        assert len(both) >= 2, looked
+        for beat, seen in zip(beats, looked):
+            assert set(both) <= set(seen), (beat.name, seen)
+    finally:
+        for process in processes:
+            process.kill()
+        for process in processes:
+            print(f"--- {process.name} log tail ---\n{process.tail(30)}")
+
+
+def _ticks(beat: CeleryProcess, outcome: str) -> list[int]:
+    """The ticks of entry ``count`` that ``beat`` logged with ``outcome`` (a regex)."""
+    pattern = re.compile(rf"beat tick (?:{outcome}): entry 'count' tick (\d+)")
+    return [int(found[1]) for found in map(pattern.search, beat.log().splitlines()) if found]
