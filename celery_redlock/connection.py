@@ -238,7 +238,7 @@ class Connection:
             return False
         if self.state != READY:
             if deliver:
-                self.expect = deque(_STALE if t == _RESULT else t for t in self.expect)
+                self._stop_awaiting()
             else:
                 # Nothing of the round's command went out, so drop it and keep the
                 # set-up going (an acquire's SET must not land after the round).
@@ -250,10 +250,25 @@ class Connection:
             return False  # a half-written command: the stream is out of step
         elif self.expect:
             # Replies we stopped waiting for are still owed: read and drop them first.
-            self.expect = deque(_STALE if t == _RESULT else t for t in self.expect)
+            self._stop_awaiting()
             if self.behind_since is None:
                 self.behind_since = now
         return True
+
+    def _stop_awaiting(self) -> None:
+        """Mark the replies the round waited for stale (read and dropped when they come)."""
+        expect = self.expect
+        try:
+            # A scan in C, then Python only from the first awaited reply on: earlier
+            # parks left none, so that is this round's, near the end. Rebuilding the
+            # whole deque cost each round on a hung node time in proportion to its
+            # backlog (up to MAX_OWED_REPLIES).
+            first = expect.index(_RESULT)
+        except ValueError:
+            return
+        for i in range(first, len(expect)):
+            if expect[i] == _RESULT:
+                expect[i] = _STALE
 
     def send(self, payload: bytes, command: Command, now: float) -> None:
         """Queue one command whose reply the round waits for; write it if we can.
