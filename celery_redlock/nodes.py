@@ -193,7 +193,10 @@ class NodeSet:
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         for i, node in enumerate(self.nodes):
             try:
-                conn = node.checkout(wait, now, self._owed_age)
+                # What is left of the round's deadline, for a master's address to be
+                # asked of its Sentinels (node.py).
+                budget = max(0.0, now + timeout - self._clock())
+                conn = node.checkout(wait, now, self._owed_age, budget)
                 if conn is None:
                     continue
                 conns[i] = conn
@@ -205,7 +208,7 @@ class NodeSet:
                     # A pooled connection the node dropped (restart, idle timeout):
                     # once more on a fresh one, within the same round.
                     conn.close()
-                    conns[i] = conn = node.connect(now)
+                    conns[i] = conn = node.connect(now, budget)
                     conn.send(command.payload, command, now)
             except (rexc.RedisError, OSError) as exc:
                 tally.failed(i, _as_redis_error(exc, node.address))
@@ -252,7 +255,8 @@ class NodeSet:
                     poller.unregister(fd)
                     del by_fd[fd]
                     conn.close()
-                    fresh = self._reconnect(command, conn, exc, started, i, tally)
+                    budget = max(0.0, deadline - self._clock())
+                    fresh = self._reconnect(command, conn, exc, started, i, tally, budget)
                     if fresh is not None:
                         conns[i] = fresh
                         by_fd[fresh.fileno()] = i
@@ -276,15 +280,17 @@ class NodeSet:
         started: float,
         i: int,
         tally: Round,
+        budget: float,
     ) -> Optional[Connection]:
         """Node ``i``'s connection failed mid-round: a fresh one that was sent the
-        command, or None when the node has failed this round (``tally`` is told)."""
+        command, or None when the node has failed this round (``tally`` is told).
+        ``budget``: seconds left of the round (see ``Node.connect``)."""
         if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
             # A pooled connection the node had dropped (restart, idle timeout): once
             # more on a fresh one, within this round. The scripts are idempotent for
             # our own value, so a resend is safe.
             try:
-                fresh = self.nodes[i].connect(started)
+                fresh = self.nodes[i].connect(started, budget)
                 fresh.send(command.payload, command, started)
             except rexc.RedisError as again:
                 exc = again
