@@ -85,6 +85,7 @@ def enqueue(
         if opts.on_queued == "raise":
             raise AlreadyQueued(key, exc.holder, exc.ttl) from None
         return task.AsyncResult(exc.holder)
+    redlock.hand_over(lease)  # the message holds the place, not this thread
     options["headers"] = {**headers, QUEUED_HEADER: lease.value}
     try:
         return send(args, kwargs, task_id=task_id, **options)
