@@ -175,6 +175,7 @@ class LockQueries:
         quorum answered (the lock may still be held).
         """
         key = validate.lock_key_name(key, reserved=INTERNAL)
+        self._forget_held(key=key)
         command = Command(scripts.FORCE_RELEASE, [key], [])
         results = self._nodes.round(command, self.node_timeout, deliver=True)
         self._answered_by_quorum(key, results)
@@ -192,7 +193,12 @@ class LockQueries:
                 f"match must be a non-empty glob str without NUL (e.g. 'report:*'), got {match!r}"
             )
         validate.utf8_text("match", match)
+        self._forget_held(match=match)
         return clear_matching(self._nodes.nodes, match, self.quorum)
+
+    def _forget_held(self, key: Optional[str] = None, match: Optional[str] = None) -> None:
+        """Deleted by an operator: forget which executions held these keys (the
+        reentrancy record, see reentry.py); nothing to forget here."""
 
     def _owned_lease(self, lease: Lease) -> bool:
         results = self._nodes.round(Command(scripts.HOLDER, [lease.key], []), self.node_timeout)

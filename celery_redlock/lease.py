@@ -22,6 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 from . import validate
 from .background import in_hub, new_rlock
 from .errors import LockLost
+from .holders import FIRST_HOLD
 
 __all__ = ["Duration", "Extension", "Lease", "LeaseOwner"]
 
@@ -96,6 +97,10 @@ class Lease:
         self._on_extended: list[Callable[[Lease], Any]] = []
         self._lost_fired = False
         self._lock = new_rlock()  # an original lock: the watchdog's OS thread takes it
+        #: Reentrancy (reentry.py): this lease's hold of its value once the value was
+        #: re-acquired (None: a plain lease), and the execution that won it.
+        self.hold: Optional[str] = None
+        self.execution: Optional[str] = None
 
     def __repr__(self) -> str:
         state = "released" if self._released else f"validity={self.validity:.3f}s"
@@ -167,6 +172,14 @@ class Lease:
             callbacks = list(self._on_lost)
         if callbacks:
             in_hub(lambda: self._run(callbacks, "lock_lost"))
+
+    def count_holds(self) -> None:
+        """The value is being re-acquired (reentrancy): from now on this lease's
+        extends and release count as its first hold. Waits for an extension round in
+        flight, so none of the plain kind is sent after this."""
+        with self._lock:
+            if self.hold is None:
+                self.hold = FIRST_HOLD
 
     def extend(self, ttl: Optional[Duration] = None) -> bool:
         """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.

@@ -28,14 +28,19 @@ import logging
 import random
 import secrets
 import time
-from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import scripts, validate
 from .admin import LockQueries, is_one, lease_value, ms, token_argument
-from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable, RedlockError
+from .errors import (
+    AlreadyHeld,
+    ConfigurationError,
+    LockContended,
+    LockLost,
+    QuorumUnavailable,
+    RedlockError,
+)
 from .holders import (
     FENCE,
     INTERNAL,
@@ -46,11 +51,12 @@ from .holders import (
     fence_counter,
     is_lock_key,
     read_holding,
-    split_value,
     tombstone,
 )
 from .lease import Duration, Extension, Lease
 from .nodes import Command, NodeSet
+from .reentry import HeldLeases, Reentry, current_execution, extend_command, release_command
+from .refusal import Attempt, is_granted, why_not
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
@@ -82,26 +88,7 @@ def quorum(n: int) -> int:
     return n // 2 + 1
 
 
-def release_command(key: str, value: str, ttl: float) -> Command:
-    """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
-    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
-
-
-def _is_granted(reply: object) -> bool:
-    return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
-
-
-@dataclass
-class _Attempt:
-    """Why one acquire round failed, for the retry loop and the errors it raises."""
-
-    lease: Optional[Lease] = None
-    holder: Optional[str] = None
-    holder_ttl: Optional[float] = None
-    unavailable: Optional[QuorumUnavailable] = None
-
-
-class Redlock(LockQueries):
+class Redlock(Reentry, LockQueries):
     """The Redlock distributed lock over N independent Redis masters.
 
     ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
@@ -159,6 +146,7 @@ class Redlock(LockQueries):
         self._sleep = sleep
         self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._nodes = NodeSet(nodes, clock=clock)
+        self._held = HeldLeases()  # which leases each execution won through this lock
         self.quorum = quorum(len(self._nodes))
         # Noes that rule a quorum out: a round can stop there.
         self._enough_no = len(self._nodes) - self.quorum + 1
@@ -204,6 +192,8 @@ class Redlock(LockQueries):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Optional[Lease]:
         """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
 
@@ -219,8 +209,15 @@ class Redlock(LockQueries):
 
         Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
         because too few nodes answered, rather than because someone holds the key.
+
+        When this execution (this thread; in a Celery task, the task run) holds
+        ``key`` already: ``AlreadyHeld`` at once, or with ``reentrant=True`` one more
+        hold of the same lease, counted on the nodes (one round, no waiting; its
+        ``holder``/``token`` are the held lease's). Each hold is a Lease of its own
+        with the same token and fence, released on its own; the key goes with the
+        last hold. Its validity never reaches past the held lease's at the time.
         """
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         if attempt.unavailable is not None:
             raise attempt.unavailable
         return attempt.lease
@@ -233,10 +230,12 @@ class Redlock(LockQueries):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Lease:
         """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
         instead of returning ``None``."""
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         if attempt.unavailable is not None:
             raise attempt.unavailable
         if attempt.lease is None:
@@ -251,8 +250,10 @@ class Redlock(LockQueries):
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
-    ) -> _Attempt:
+        reentrant: bool = False,
+    ) -> Attempt:
         key = validate.lock_key_name(key, reserved=INTERNAL)
+        reentrant = validate.flag("reentrant", reentrant)
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         if lease_ttl <= self.node_timeout:
             raise ConfigurationError(
@@ -271,11 +272,21 @@ class Redlock(LockQueries):
         if holder is not None:
             validate.utf8_text("holder", holder)
         who = holder or default_holder()
+        held = self._held.live(key)
+        if held is not None:
+            if not reentrant:
+                raise AlreadyHeld(key, current_execution())
+            lease, results = self._reenter(held, lease_ttl)
+            if lease is None:
+                return self._why_not(key, results)
+            self._held.add(lease)
+            return Attempt(lease)
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
         while True:
             attempt = self._attempt(key, lease_ttl, who, token)
             if attempt.lease is not None:
+                self._held.add(attempt.lease)
                 return attempt
             attempts += 1
             if not blocking:
@@ -293,7 +304,7 @@ class Redlock(LockQueries):
                 delay = min(delay, left)
             self._sleep(delay)
 
-    def _attempt(self, key: str, ttl: float, holder: str, chosen: Optional[str]) -> _Attempt:
+    def _attempt(self, key: str, ttl: float, holder: str, chosen: Optional[str]) -> Attempt:
         token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
         ttl_ms = ms(ttl)
@@ -306,8 +317,8 @@ class Redlock(LockQueries):
         else:
             command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
         started = self._clock()
-        results = self._quorum_round(command, _is_granted, self.node_timeout)
-        granted = [r for r in results if _is_granted(r)]
+        results = self._quorum_round(command, is_granted, self.node_timeout)
+        granted = [r for r in results if is_granted(r)]
         deadline = started + ttl - self._margin(ttl)
         if len(granted) >= self.quorum and self._clock() < deadline:
             fence = self._fence(key, value, granted, deadline) if self.fencing else None
@@ -316,7 +327,7 @@ class Redlock(LockQueries):
                     self, self._clock, key, token, holder, ttl, started, deadline, fence,
                     self.max_hold,
                 )  # fmt: skip
-                return _Attempt(lease)
+                return Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
         self._nodes.round(release_command(key, value, ttl), 0.0, wait=False, deliver=True)
         return self._why_not(key, results)
@@ -347,31 +358,8 @@ class Redlock(LockQueries):
             return fence
         return None
 
-    def _why_not(self, key: str, results: list[object]) -> _Attempt:
-        """Contention (someone holds the key) or an outage (too few nodes answered)?"""
-        count = len(results)
-        need = self.quorum
-        refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
-        errors = {
-            self._nodes.nodes[i].address: r
-            for i, r in enumerate(results)
-            if isinstance(r, BaseException)
-        }
-        if errors and len(refusals) <= count - need:
-            # The refusals alone did not rule out a quorum: the silent nodes did.
-            return _Attempt(unavailable=QuorumUnavailable(key, errors, need))
-        holders = Counter(split_value(r[0])[1] or "unknown" for r in refusals)
-        holder = holders.most_common(1)[0][0] if holders else None
-        # The lock frees when enough refusing nodes expire to make a quorum with the
-        # others: that is the k-th shortest remaining TTL among the refusals.
-        ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
-        missing = need - (count - len(refusals))
-        holder_ttl = None
-        if 0 < missing <= len(ttls):
-            holder_ttl = ttls[missing - 1] / 1000.0
-        elif not refusals:
-            holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
-        return _Attempt(holder=holder, holder_ttl=holder_ttl)
+    def _why_not(self, key: str, results: list[object]) -> Attempt:
+        return why_not(key, results, self.nodes, self.quorum)
 
     @contextmanager
     def lock(
@@ -382,6 +370,8 @@ class Redlock(LockQueries):
         blocking: bool = True,
         auto_extend: bool = False,
         holder: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Iterator[Lease]:
         """``with redlock.lock(key) as lease:`` -- hold ``key`` for the block.
 
@@ -395,7 +385,9 @@ class Redlock(LockQueries):
         reach a quorum; when the block raised, its exception propagates and a failed
         release is only logged.
         """
-        lease = self.try_acquire(key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder)
+        lease = self.try_acquire(
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
+        )
         watchdog = None
         if auto_extend:
             watchdog = get_watchdog()
@@ -454,7 +446,7 @@ class Redlock(LockQueries):
             if left <= self._margin(ttl):
                 return Extension()  # at the bound: let it run out
             ttl = min(ttl, left)
-        command = Command(scripts.EXTEND, [lease.key], [lease.value, ms(ttl)])
+        command = extend_command(lease.key, lease.value, ttl, lease.hold)
         results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
         finished = self._clock()
         won = sum(1 for r in results if r == 1)
@@ -472,13 +464,14 @@ class Redlock(LockQueries):
         return Extension(reason=reason, retry_by=retry_by)
 
     def _release_lease(self, lease: Lease) -> bool:
-        return self._release(lease.key, lease.value, lease.ttl)
+        self._held.forget(lease)
+        return self._release(lease.key, lease.value, lease.ttl, lease.hold)
 
-    def _release(self, key: str, value: str, ttl: float) -> bool:
+    def _release(self, key: str, value: str, ttl: float, hold: Optional[str] = None) -> bool:
         # Stops at a quorum of deletions; otherwise hears every node (or times out),
         # to tell "not ours any more" from "too few answered".
         results = self._nodes.round(
-            release_command(key, value, ttl),
+            release_command(key, value, ttl, hold),
             self.node_timeout,
             is_yes=is_one,
             enough_yes=self.quorum,
