@@ -18,6 +18,7 @@ __all__ = [
     "ACQUIRE_FENCED",
     "ALL_SCRIPTS",
     "EXTEND",
+    "EXTEND_MANY",
     "FENCE",
     "FENCED_SET",
     "FORCE_RELEASE",
@@ -169,4 +170,32 @@ return 1
 """
 )
 
-ALL_SCRIPTS: Final = (ACQUIRE, ACQUIRE_FENCED, FENCE, EXTEND, RELEASE, HOLDER, FORCE_RELEASE)
+EXTEND_MANY: Final = Script(
+    """
+-- Many leases' EXTEND in one call (the watchdog's batched renewal).
+-- KEYS[i] a lock key; ARGV[2i-1] our value for KEYS[i]; ARGV[2i] its new ttl in ms
+-- returns {r1, ..., rn}: ri is 1 when KEYS[i] held our value and now expires its ttl
+-- from now; 0 otherwise (that key alone is left untouched). Independent masters, so
+-- the keys may lie in any hash slot.
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+    out[i] = redis.call('pexpire', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+)
+
+ALL_SCRIPTS: Final = (
+    ACQUIRE,
+    ACQUIRE_FENCED,
+    FENCE,
+    EXTEND,
+    RELEASE,
+    HOLDER,
+    FORCE_RELEASE,
+    EXTEND_MANY,
+)
