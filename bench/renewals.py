@@ -56,12 +56,15 @@ class SerialWatchdog(Watchdog):
         return []
 
 
-def _acquire(redlock: Redlock, count: int, prefix: str) -> list[Lease]:
+def _acquire(redlock: Redlock, count: int, prefix: str, dog: Watchdog) -> list[Lease]:
+    """``count`` leases, each watched as soon as it is won (10,000 acquires take
+    longer than a ttl)."""
     leases = []
     for i in range(count):
         lease = redlock.acquire(f"{prefix}:{i}", ttl=TTL, blocking=False)
         if lease is None:
             raise RuntimeError(f"{prefix}:{i} not acquired on fresh nodes")
+        dog.watch(lease, INTERVAL)
         leases.append(lease)
     return leases
 
@@ -92,10 +95,8 @@ def _stop(dog: Watchdog, leases: list[Lease]) -> None:
 def cpu_row(cluster: RedisCluster, count: int, window: float, serial: bool) -> dict[str, Any]:
     """Renewal CPU with ``count`` leases held on ``cluster``."""
     redlock = Redlock(cluster.urls, ttl=TTL)
-    leases = _acquire(redlock, count, f"cpu{count}{'s' if serial else ''}:{time.time_ns()}")
     dog = SerialWatchdog() if serial else Watchdog()
-    for lease in leases:
-        dog.watch(lease, INTERVAL)
+    leases = _acquire(redlock, count, f"cpu{count}{'s' if serial else ''}:{time.time_ns()}", dog)
     time.sleep(INTERVAL * 1.5)  # the first renewals are behind us
     probe = cluster[0].client()
     rounds_before = _evalsha_calls(probe)
@@ -126,12 +127,10 @@ def far_row(cluster: RedisCluster, count: int, delay: float, serial: bool) -> di
     proxies = [FaultProxy(server) for server in cluster]
     try:
         redlock = Redlock([proxy.url for proxy in proxies], ttl=TTL)
-        leases = _acquire(redlock, count, f"far{'s' if serial else ''}:{time.time_ns()}")
+        dog = SerialWatchdog() if serial else Watchdog()
+        leases = _acquire(redlock, count, f"far{'s' if serial else ''}:{time.time_ns()}", dog)
         for proxy in proxies:
             proxy.delay(delay)
-        dog = SerialWatchdog() if serial else Watchdog()
-        for lease in leases:
-            dog.watch(lease, INTERVAL)
         clients = [server.client() for server in cluster]
         time.sleep(max(0.0, leases[-1].acquired_at + 3 * TTL - time.monotonic()))
         held = _held_on_majority(clients, leases)

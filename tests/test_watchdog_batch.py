@@ -30,16 +30,20 @@ class Renewals:
     callbacks (only to know when to look)."""
 
     def __init__(self, leases: Sequence[Lease], watchdog: Watchdog) -> None:
-        self.leases = list(leases)
+        self._watchdog = watchdog
         self._lock = threading.Lock()
-        self.extended = {id(lease): 0 for lease in leases}
+        self.extended: dict[int, int] = {}
         self.lost: list[Lease] = []
         self._changed = threading.Condition(self._lock)
         for lease in leases:
-            lease.on_extended(self._on_extended)
-            lease.on_lost(self._on_lost)
-        for lease in leases:
-            watchdog.watch(lease, INTERVAL)
+            self.watch(lease)
+
+    def watch(self, lease: Lease) -> None:
+        with self._changed:
+            self.extended[id(lease)] = 0
+        lease.on_extended(self._on_extended)
+        lease.on_lost(self._on_lost)
+        self._watchdog.watch(lease, INTERVAL)
 
     def _on_extended(self, lease: Lease) -> None:
         with self._changed:
@@ -196,10 +200,15 @@ def test_1000_leases_on_nodes_10ms_away_all_stay_held(
     cluster = redis_cluster_factory(5)
     proxies = [fault_proxy_factory(server) for server in cluster]
     redlock = Redlock([proxy.url for proxy in proxies], ttl=TTL)
-    leases = _acquire(redlock, 1000, "far")  # before the delay: fast
+    renewals = Renewals([], watchdog)
+    leases = []
+    for i in range(1000):  # before the delay: fast; each one watched at once
+        lease = redlock.acquire(f"far:{i}", ttl=TTL, blocking=False)
+        assert lease is not None
+        renewals.watch(lease)
+        leases.append(lease)
     for proxy in proxies:
         proxy.delay(0.01)  # each way: a round trip of 20 ms or more
-    renewals = Renewals(leases, watchdog)
     clients = [server.client() for server in cluster]
     # Three times past the acquires' ttl: any lease the watchdog dropped is gone.
     for rounds in range(1, 4):
