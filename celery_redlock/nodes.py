@@ -224,7 +224,7 @@ class NodeSet:
             age = owed_age(timeout)
             if age > self._owed_age:
                 self._owed_age = age
-        conns = self._send_all(commands, tally, now, wait)
+        conns = self._send_all(commands, tally, now, timeout, wait)
         timed_out = wait and self._collect(driven, conns, now + timeout)
         late = tally.awaited if timed_out else ()
         if timed_out:
@@ -243,13 +243,16 @@ class NodeSet:
             finisher.note(self)
 
     def _send_all(
-        self, commands: Sequence[Command], tally: _Tally, now: float, wait: bool
+        self, commands: Sequence[Command], tally: _Tally, now: float, timeout: float, wait: bool
     ) -> list[Optional[Connection]]:
         """Write ``commands`` to every node; the connection each one is awaited on."""
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         for i, node in enumerate(self.nodes):
             try:
-                conn = node.checkout(wait, now, self._owed_age)
+                # What is left of the round's deadline, for a master's address to be
+                # asked of its Sentinels (node.py).
+                budget = max(0.0, now + timeout - self._clock())
+                conn = node.checkout(wait, now, self._owed_age, budget)
                 if conn is None:
                     continue
                 conns[i] = conn
@@ -262,7 +265,7 @@ class NodeSet:
                     # A pooled connection the node dropped (restart, idle timeout):
                     # once more on a fresh one, within the same round.
                     conn.close()
-                    conns[i] = conn = node.connect(now)
+                    conns[i] = conn = node.connect(now, budget)
                     for command in commands:
                         conn.send(command.payload, command, now)
             except (rexc.RedisError, OSError) as exc:
@@ -304,7 +307,8 @@ class NodeSet:
                     poller.unregister(fd)
                     del by_fd[fd]
                     conn.close()
-                    fresh = self._reconnect(driven, conn, exc, started, i)
+                    budget = max(0.0, deadline - self._clock())
+                    fresh = self._reconnect(driven, conn, exc, started, i, budget)
                     if fresh is not None:
                         conns[i] = fresh
                         by_fd[fresh.fileno()] = i
@@ -322,17 +326,23 @@ class NodeSet:
         return final and bool(by_fd)
 
     def _reconnect(
-        self, driven: _Driven, conn: Connection, exc: BaseException, started: float, i: int
+        self,
+        driven: _Driven,
+        conn: Connection,
+        exc: BaseException,
+        started: float,
+        i: int,
+        budget: float,
     ) -> Optional[Connection]:
         """Node ``i``'s connection failed mid-round: a fresh one that was sent the
         commands still unanswered, or None when the node has failed this round (the
-        tally is told)."""
+        tally is told). ``budget``: seconds left of the round (see ``Node.connect``)."""
         if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
             # A pooled connection the node had dropped (restart, idle timeout): once
             # more on a fresh one, within this round. The scripts are idempotent for
             # our own value, so a resend is safe.
             try:
-                fresh = self.nodes[i].connect(started)
+                fresh = self.nodes[i].connect(started, budget)
                 for command in driven.unanswered(i):
                     fresh.send(command.payload, command, started)
             except rexc.RedisError as again:

@@ -83,9 +83,10 @@ OPTIONS: tuple[Option, ...] = (
         None,
         validate.node_list,
         "app",
-        "list of Redis URLs (`redis://`, `rediss://`, `unix://`), one per independent "
-        "master; a comma-separated string is accepted too",
-        default_doc="the broker URL, if it is Redis",
+        "list of Redis URLs (`redis://`, `rediss://`, `unix://`, or `sentinel://` "
+        "naming Sentinels and `?master_name=`), one per independent master; a "
+        "comma-separated string is accepted too",
+        default_doc="the broker URL, if it is Redis or Sentinel",
     ),
     Option("redlock_key_prefix", "redlock", validate.key_prefix, "app", "prefix of every lock key"),
     Option(
