@@ -19,6 +19,7 @@ __all__ = [
     "ALL_SCRIPTS",
     "EXTEND",
     "EXTEND_HOLD",
+    "EXTEND_MANY",
     "FENCE",
     "FENCED_SET",
     "FORCE_RELEASE",
@@ -241,6 +242,25 @@ return 0
 """
 )
 
+EXTEND_MANY: Final = Script(
+    """
+-- Many leases' EXTEND in one call (the watchdog's batched renewal).
+-- KEYS[i] a lock key; ARGV[2i-1] our value for KEYS[i]; ARGV[2i] its new ttl in ms
+-- returns {r1, ..., rn}: ri is 1 when KEYS[i] held our value and now expires its ttl
+-- from now; 0 otherwise (that key alone is left untouched). Independent masters, so
+-- the keys may lie in any hash slot.
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+    out[i] = redis.call('pexpire', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+)
+
 ALL_SCRIPTS: Final = (
     ACQUIRE,
     ACQUIRE_FENCED,
@@ -252,4 +272,5 @@ ALL_SCRIPTS: Final = (
     REENTER,
     EXTEND_HOLD,
     RELEASE_HOLD,
+    EXTEND_MANY,
 )
