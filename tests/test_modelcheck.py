@@ -283,3 +283,49 @@ def test_cli_prints_the_table_and_writes_json(
     assert [row["scenario"] for row in rows] == ["baseline", "restart-no-persistence"]
     assert rows[0]["outcome"] == SAFE and rows[1]["outcome"] == VIOLATES
     assert rows[1]["trace"] and rows[1]["states"] > 0
+
+
+# -- hand-off to waiting duplicates (tools/modelcheck/handoff.py) ------------------- #
+
+from tools.modelcheck.handoff import (  # noqa: E402
+    LOST,
+    RUN_TWICE,
+    HandoffResult,
+    check_handoff,
+    handoff_scenarios,
+)
+
+HANDOFF_CI = [h for h in handoff_scenarios() if not h.full_only]
+
+
+@pytest.fixture(scope="session")
+def handoff_results() -> dict[str, HandoffResult]:
+    return {h.name: check_handoff(h) for h in HANDOFF_CI}
+
+
+def test_handoff_protocol_is_safe_in_its_whole_state_space(
+    handoff_results: dict[str, HandoffResult],
+) -> None:
+    result = handoff_results["handoff-2-tasks"]
+    assert result.outcome == SAFE, "\n".join(result.trace)
+    assert result.states > 20_000
+    # Final states were reached, in some of them both tasks ran: not vacuous.
+    assert result.final_states > 10 and result.bodies_run == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "event"),
+    [
+        ("handoff-no-claim", RUN_TWICE, "publishes T2 wake"),
+        ("handoff-claim-any-node", RUN_TWICE, "WINS claim"),
+        ("handoff-no-fallback", LOST, "NO fallback"),
+    ],
+)
+def test_handoff_control_finds_a_counterexample(
+    handoff_results: dict[str, HandoffResult], name: str, kind: str, event: str
+) -> None:
+    result = handoff_results[name]
+    assert result.outcome == VIOLATES and result.as_expected
+    assert result.violation is not None and result.violation.startswith(kind)
+    assert any(event in line for line in result.trace), "\n".join(result.trace)
+    assert "VIOLATION" in result.trace[-1]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .checker import Result, check_all
+from .handoff import check_handoff, format_handoff, handoff_scenarios
 from .model import scenarios
 
 
@@ -87,30 +88,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     catalogue = scenarios()
+    handoff = handoff_scenarios()
     if args.list:
-        for sc in catalogue:
-            print(f"{sc.name:48s} {'full' if sc.full_only else 'ci  '}  {sc.description}")
+        listed = [(sc.name, sc.full_only, sc.description) for sc in catalogue]
+        listed += [(h.name, h.full_only, h.description) for h in handoff]
+        for name, full_only, description in listed:
+            print(f"{name:48s} {'full' if full_only else 'ci  '}  {description}")
         return 0
     if args.only:
-        known = {sc.name for sc in catalogue}
+        known = {sc.name for sc in catalogue} | {h.name for h in handoff}
         unknown = sorted(set(args.only) - known)
         if unknown:
             parser.error(f"unknown scenario(s): {', '.join(unknown)}")
         selected = [sc for sc in catalogue if sc.name in args.only]
+        handoff = [h for h in handoff if h.name in args.only]
     else:
         selected = [sc for sc in catalogue if args.full or not sc.full_only]
+        handoff = [h for h in handoff if args.full or not h.full_only]
 
-    results = check_all(selected, args.jobs)
-    print(format_table(results))
+    results = check_all(selected, args.jobs) if selected else []
+    if results:
+        print(format_table(results))
     traces = format_traces(results)
     if traces:
         print()
         print(traces)
+    handoff_results = [check_handoff(h) for h in handoff]
+    if handoff_results:
+        print()
+        print(format_handoff(handoff_results))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump([r.to_json() for r in results], out, indent=2)
             out.write("\n")
-    return 0 if all(r.as_expected for r in results) else 1
+    expected = [r.as_expected for r in results] + [h.as_expected for h in handoff_results]
+    return 0 if all(expected) else 1
 
 
 if __name__ == "__main__":
