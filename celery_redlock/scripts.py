@@ -17,6 +17,7 @@ __all__ = [
     "ACQUIRE",
     "ACQUIRE_FENCED",
     "ALL_SCRIPTS",
+    "CLAIM_WAITER",
     "EXTEND",
     "EXTEND_HOLD",
     "EXTEND_MANY",
@@ -24,7 +25,9 @@ __all__ = [
     "FENCED_SET",
     "FORCE_RELEASE",
     "HOLDER",
+    "POP_WAITER",
     "REENTER",
+    "REGISTER_WAITER",
     "RELEASE",
     "RELEASE_HOLD",
     "Script",
@@ -261,6 +264,62 @@ return out
 """
 )
 
+# -- hand-off to waiting duplicates (handoff.py; SAFETY.md "Hand-off to waiting
+# duplicates"): a per-key waiter queue, and the claim that lets one of a waiter's two
+# copies (its wake and its fallback) go on. The queue is a hint; only CLAIM_WAITER
+# bears on safety, and its value never changes once set.
+
+REGISTER_WAITER: Final = Script(
+    """
+-- KEYS[1] the key's waiter queue (sorted set); KEYS[2] this waiter's message key
+-- ARGV[1] waiter id; ARGV[2] score (the task's first arrival, ms); ARGV[3] the message
+-- to publish when woken; ARGV[4] entry ttl in ms
+-- returns 1. The message key expires by itself (a dead waiter's entry goes with it);
+-- the queue lives at least as long as its newest entry.
+redis.call('zadd', KEYS[1], ARGV[2], ARGV[1])
+redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[4])
+if redis.call('pttl', KEYS[1]) < tonumber(ARGV[4]) then
+  redis.call('pexpire', KEYS[1], ARGV[4])
+end
+return 1
+"""
+)
+
+POP_WAITER: Final = Script(
+    """
+-- KEYS[1] the key's waiter queue; ARGV[1] the prefix of a waiter's message key (the
+-- waiter id is appended)
+-- returns {waiter id, score, message} of the earliest entry whose message key is still
+-- alive, removed from the queue with its message key (entries met expired are dropped);
+-- false when no live entry is left
+while true do
+  local head = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+  if #head == 0 then
+    return false
+  end
+  redis.call('zrem', KEYS[1], head[1])
+  local message = redis.call('get', ARGV[1] .. head[1])
+  if message then
+    redis.call('del', ARGV[1] .. head[1])
+    return {head[1], head[2], message}
+  end
+end
+"""
+)
+
+CLAIM_WAITER: Final = Script(
+    """
+-- KEYS[1] the waiter id's claim key; KEYS[2] the key's waiter queue; KEYS[3] this
+-- waiter's message key; ARGV[1] our copy id; ARGV[2] claim ttl in ms; ARGV[3] waiter id
+-- returns the copy id the claim holds now (ours when it was free: SET NX; never
+-- changed once set). The waiter's queue entry goes: the waiter is being run.
+redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+redis.call('zrem', KEYS[2], ARGV[3])
+redis.call('del', KEYS[3])
+return redis.call('get', KEYS[1])
+"""
+)
+
 ALL_SCRIPTS: Final = (
     ACQUIRE,
     ACQUIRE_FENCED,
@@ -273,4 +332,7 @@ ALL_SCRIPTS: Final = (
     EXTEND_HOLD,
     RELEASE_HOLD,
     EXTEND_MANY,
+    REGISTER_WAITER,
+    POP_WAITER,
+    CLAIM_WAITER,
 )

@@ -1,0 +1,102 @@
+"""Hand-off to waiting duplicates, the lock nodes' side (celery_redlock.handoff), on
+real redis-server processes: the waiter queue's order and expiry, and the claim that
+lets exactly one of a waiter's two copies go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_redlock import Redlock
+from celery_redlock.handoff import (
+    CLAIM_LOST,
+    CLAIM_UNDECIDED,
+    CLAIM_WON,
+    claim,
+    claim_verdict,
+    pop_next,
+    register,
+)
+from celery_redlock.testing import RedisCluster, RedisClusterFactory
+
+TIMEOUT = 0.5
+
+
+@pytest.fixture
+def three(redis_cluster_factory: RedisClusterFactory) -> RedisCluster:
+    return redis_cluster_factory(3)
+
+
+def test_waiters_are_popped_in_arrival_order_once_each(three: RedisCluster) -> None:
+    nodes = Redlock(three.urls).node_set
+    for name, score in (("w-late", 300), ("w-first", 100), ("w-mid", 200)):
+        assert register(nodes, "k", name, score, f"message {name}", 30.0, TIMEOUT) == 3
+    popped = [pop_next(nodes, "k", TIMEOUT) for _ in range(4)]
+    assert [p.waiter if p else None for p in popped] == ["w-first", "w-mid", "w-late", None]
+    assert popped[0] is not None and popped[0].message == "message w-first"
+    # Nothing is left behind, and nothing was kept without a TTL.
+    assert all(not node.client().keys("*") for node in three)
+
+
+def test_an_expired_waiter_is_skipped(three: RedisCluster) -> None:
+    nodes = Redlock(three.urls).node_set
+    register(nodes, "k", "w-dead", 1, "dead", 0.05, TIMEOUT)
+    register(nodes, "k", "w-live", 2, "live", 30.0, TIMEOUT)
+    time.sleep(0.1)  # w-dead's message key's TTL has passed (Redis expires it on access)
+    popped = pop_next(nodes, "k", TIMEOUT)
+    assert popped is not None and popped.waiter == "w-live"
+
+
+def test_a_waiter_registered_on_a_minority_is_still_woken_later(three: RedisCluster) -> None:
+    nodes = Redlock(three.urls).node_set
+    register(nodes, "k", "w-2", 2, "two", 30.0, TIMEOUT)
+    three[0].kill()
+    register(nodes, "k", "w-1", 1, "one", 30.0, TIMEOUT)  # only on nodes 2 and 3
+    assert pop_next(nodes, "k", TIMEOUT).waiter == "w-1"  # type: ignore[union-attr]
+    assert pop_next(nodes, "k", TIMEOUT).waiter == "w-2"  # type: ignore[union-attr]
+
+
+def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisCluster) -> None:
+    def run(copy: str, waiter: str, start: threading.Barrier, verdicts: dict[str, str]) -> None:
+        nodes = Redlock(three.urls).node_set
+        start.wait()
+        verdicts[copy] = claim(nodes, 2, "k", waiter, copy, 60.0, TIMEOUT)
+
+    for trial in range(30):
+        verdicts: dict[str, str] = {}
+        start = threading.Barrier(2)
+        threads = [
+            threading.Thread(target=run, args=(c, f"w{trial}", start, verdicts))
+            for c in ("wake", "fallback")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(verdicts.values()) == [CLAIM_LOST, CLAIM_WON], verdicts
+
+
+def test_a_redelivered_copy_finds_its_own_claim(three: RedisCluster) -> None:
+    nodes = Redlock(three.urls).node_set
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_WON
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_WON
+    assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT) == CLAIM_LOST
+
+
+def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisCluster) -> None:
+    three[0].kill()
+    three[1].kill()
+    nodes = Redlock(three.urls).node_set
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_UNDECIDED
+
+
+def test_claim_verdict_rules() -> None:
+    error = ConnectionError("down")
+    assert claim_verdict([b"a", b"a", error], "a", 2) == CLAIM_WON
+    assert claim_verdict([b"a", b"a", error], "b", 2) == CLAIM_LOST
+    assert claim_verdict([b"a", b"b", error], "a", 2) == CLAIM_UNDECIDED
+    # Four nodes split 2-2, all answered: the values are final, the smallest id wins.
+    assert claim_verdict([b"a", b"b", b"b", b"a"], "a", 3) == CLAIM_WON
+    assert claim_verdict([b"a", b"b", b"b", b"a"], "b", 3) == CLAIM_LOST
