@@ -121,6 +121,11 @@ class Lease:
         return self._deadline - self._clock()
 
     @property
+    def owner(self) -> LeaseOwner:
+        """The lock that granted the lease: its rounds go through it."""
+        return self._owner
+
+    @property
     def deadline(self) -> float:
         """When validity runs out, on the lock's monotonic clock."""
         return self._deadline
@@ -201,15 +206,37 @@ class Lease:
         watchdog does).
         """
         new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        with self._lock:
-            if self._released or self._lost_reason is not None:
-                return False
+        if not self._hold_for_extension():
+            return False
+        try:
             outcome = self._owner._extend_lease(self, new_ttl)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._finish_extension(outcome)
+
+    def _hold_for_extension(self) -> bool:
+        """Take the lease's lock for an extension round (``extend``'s, or a batch the
+        watchdog runs for many leases), so that no other extension or release of it
+        interleaves. False, and the lock not kept, when released or lost already;
+        otherwise ``_finish_extension`` must follow."""
+        self._lock.acquire()
+        if self._released or self._lost_reason is not None:
+            self._lock.release()
+            return False
+        return True
+
+    def _finish_extension(self, outcome: Extension) -> bool:
+        """Record the round's ``outcome``, let go of the lock ``_hold_for_extension``
+        took, then mark the lease lost or run its ``on_extended`` callbacks."""
+        try:
             self.retry_by = outcome.retry_by
             if outcome.deadline is not None:
                 self._deadline = outcome.deadline
                 self.extensions += 1
             callbacks = list(self._on_extended)
+        finally:
+            self._lock.release()
         if outcome.deadline is None:
             if outcome.reason is not None and outcome.retry_by is None:
                 self.mark_lost(outcome.reason)

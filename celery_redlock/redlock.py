@@ -51,6 +51,7 @@ from .errors import (
     QuorumUnavailable,
     RedlockError,
 )
+from .extension import extension_outcome, extension_ttl
 from .holders import (
     FENCE,
     INTERNAL,
@@ -67,6 +68,7 @@ from .lease import Duration, Extension, Lease
 from .nodes import Command, NodeSet
 from .reentry import HeldLeases, Reentry, current_execution
 from .refusal import Attempt, is_granted, why_not
+from .renewals import extend_batch
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
@@ -451,37 +453,29 @@ class Redlock(Reentry, LockQueries):
     def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
         """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
 
-        Extended when a majority extended it within its validity. Lost when a
-        majority refused (the key is not ours there any more) or when another round
-        could not finish a node_timeout before the deadline (so the loss is known
-        before the lease runs out). Otherwise -- slow, hung or unreachable nodes --
-        ``retry_by`` says until when another round is worth it.
+        What the round asks for and what its replies mean: extension.py (shared
+        with the watchdog's batched renewal, renewals.py).
         """
         started = self._clock()
         deadline = lease.deadline
-        if deadline - started <= 0:
-            return Extension(reason="validity ran out before it was extended")
-        if lease.max_hold is not None:
-            left = lease.acquired_at + lease.max_hold - started
-            if left <= self._margin(ttl):
-                return Extension()  # at the bound: let it run out
-            ttl = min(ttl, left)
-        command = extend_command(lease.keys, lease.value, ttl, lease.hold)
+        asked = extension_ttl(lease, ttl, started, self._margin)
+        if isinstance(asked, Extension):
+            return asked
+        command = extend_command(lease.keys, lease.value, asked, lease.hold)
         results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
-        finished = self._clock()
-        won = sum(1 for r in results if r == 1)
-        if won >= self.quorum and finished < deadline:
-            return Extension(deadline=started + ttl - self._margin(ttl))
-        errors = [r for r in results if isinstance(r, BaseException)]
-        detail = f" ({errors[0]})" if errors else ""
-        reason = f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}"
-        refused = sum(1 for r in results if r == 0)
-        # A retry round must end a node_timeout before the deadline, so that its
-        # failure, too, is known while the lease is still valid.
-        retry_by = deadline - self._margin(ttl) - 2 * self.node_timeout
-        if refused > len(results) - self.quorum or finished >= retry_by:
-            return Extension(reason=reason)
-        return Extension(reason=reason, retry_by=retry_by)
+        return extension_outcome(
+            results, self.quorum, asked, started, self._clock(), deadline,
+            self._margin(asked), self.node_timeout,
+        )  # fmt: skip
+
+    def _extend_leases(self, leases: Sequence[Lease]) -> list[Extension]:
+        """Extend each of ``leases`` (granted by this lock) by its own ttl, all in
+        one round; one outcome per lease, as ``_extend_lease`` would give it. The
+        watchdog's batched renewal (renewals.py)."""
+        return extend_batch(
+            self._nodes, leases, quorum=self.quorum, node_timeout=self.node_timeout,
+            margin=self._margin, clock=self._clock,
+        )  # fmt: skip
 
     def _release_lease(self, lease: Lease) -> bool:
         self._held.forget(lease)

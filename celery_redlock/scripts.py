@@ -20,6 +20,7 @@ __all__ = [
     "ALL_SCRIPTS",
     "EXTEND",
     "EXTEND_HOLD",
+    "EXTEND_MANY",
     "EXTEND_MULTI",
     "FENCE",
     "FENCED_SET",
@@ -376,6 +377,25 @@ return 1
 
 MULTI_SCRIPTS: Final = (ACQUIRE_MULTI, FENCE_MULTI, EXTEND_MULTI, RELEASE_MULTI, OWNED_MULTI)
 
+EXTEND_MANY: Final = Script(
+    """
+-- Many leases' EXTEND in one call (the watchdog's batched renewal).
+-- KEYS[i] a lock key; ARGV[2i-1] our value for KEYS[i]; ARGV[2i] its new ttl in ms
+-- returns {r1, ..., rn}: ri is 1 when KEYS[i] held our value and now expires its ttl
+-- from now; 0 otherwise (that key alone is left untouched). Independent masters, so
+-- the keys may lie in any hash slot.
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+    out[i] = redis.call('pexpire', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+)
+
 ALL_SCRIPTS: Final = (
     ACQUIRE,
     ACQUIRE_FENCED,
@@ -388,4 +408,5 @@ ALL_SCRIPTS: Final = (
     EXTEND_HOLD,
     RELEASE_HOLD,
     *MULTI_SCRIPTS,
+    EXTEND_MANY,
 )

@@ -239,3 +239,21 @@ def test_a_task_body_re_acquires_its_own_key(app: Celery, redis_nodes: RedisClus
         result = job.delay(1).get(timeout=30)
     assert result == ["AlreadyHeld", True, [2], [True]]
     assert _values(redis_nodes, job.lock_key((1,), {})) == [None] * 5  # the run released it
+
+
+def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: RedisCluster) -> None:
+    # The watchdog renews plain leases in batches (EXTEND_MANY, key only); a
+    # re-entered lease must have its holds set renewed with its key, or the count
+    # would expire first. Observed on the nodes, past several TTLs.
+    redlock = Redlock(redis_nodes.urls, ttl=1.0, node_timeout=NODE_TIMEOUT)
+    with redlock.lock("renewed", auto_extend=True) as outer:
+        inner = redlock.acquire("renewed", reentrant=True)
+        assert inner is not None
+        extended = threading.Event()
+        outer.on_extended(lambda _: extended.set() if outer.extensions >= 6 else None)
+        assert extended.wait(30), "the watchdog never renewed the lease six times"
+        holds_ttl = [c.pttl(reentry_holds("renewed", outer.value)) for c in _clients(redis_nodes)]
+        assert all(ttl > 0 for ttl in holds_ttl), holds_ttl
+        assert _holds(redis_nodes, "renewed", outer.value) == [2] * 5
+        assert inner.release() is True
+    assert _values(redis_nodes, "renewed") == [None] * 5
