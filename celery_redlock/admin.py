@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Union
 
 from . import scripts, validate
+from .commands import extend_command, lease_name, lock_keys, ms, owned_command, owned_judge
 from .errors import ConfigurationError, QuorumUnavailable
 from .holders import INTERNAL, is_lock_key
 from .lease import Duration, Lease
@@ -43,10 +44,6 @@ def is_one(reply: object) -> bool:
 
 def is_answer(reply: object) -> bool:
     return not isinstance(reply, BaseException)
-
-
-def ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 class InspectableNode(Protocol):
@@ -137,22 +134,25 @@ class LockQueries:
     quorum: int
     _nodes: NodeSet
 
-    def extend_value(self, key: str, value: str, ttl: Optional[Duration] = None) -> bool:
+    def extend_value(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
+    ) -> bool:
         """Push ``key``'s expiry to ``ttl`` seconds from now (default: this lock's
         ttl) on all nodes where it still holds ``value`` (a lease's ``token|holder``),
-        for a process that holds no ``Lease`` but was handed the value.
+        for a process that holds no ``Lease`` but was handed the value. ``key`` may be
+        the list of keys a lease took together (each node extends all or none).
 
         True when a quorum extended it; False when it is no longer that holder's
         (too many nodes answered that it is not); ``QuorumUnavailable`` when too few
         answered to tell. Unlike ``Lease.extend`` there is no local validity to
         check: the caller knows nothing of the round that won the lock.
         """
-        key = validate.lock_key_name(key, reserved=INTERNAL)
+        keys = lock_keys(key)
         value = lease_value(value)
         new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        command = Command(scripts.EXTEND, [key], [value, ms(new_ttl)])
+        command = extend_command(keys, value, new_ttl)
         results = self._nodes.round(command, self.node_timeout, is_one, self.quorum)
-        return self._agreed(key, results, is_one)
+        return self._agreed(lease_name(keys), results, is_one)
 
     def locked(self, key: str) -> bool:
         """True when a quorum of nodes holds ``key`` under one value (someone holds
@@ -201,9 +201,9 @@ class LockQueries:
         reentrancy record, see reentry.py); nothing to forget here."""
 
     def _owned_lease(self, lease: Lease) -> bool:
-        results = self._nodes.round(Command(scripts.HOLDER, [lease.key], []), self.node_timeout)
-        value = lease.value.encode()
-        return self._agreed(lease.key, results, lambda r: isinstance(r, list) and r[0] == value)
+        judge = owned_judge(lease.keys, lease.value)
+        results = self._nodes.round(owned_command(lease.keys, lease.value), self.node_timeout)
+        return self._agreed(lease.key, results, judge)
 
     def _agreed(self, key: str, results: list[object], is_yes: Callable[[object], bool]) -> bool:
         """True when a quorum of ``results`` is yes; False when enough nodes answered

@@ -17,7 +17,8 @@ one holder to the next (see ``Redlock.acquire``).
 Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
 holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
 (``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
-replies read as True, False or ``QuorumUnavailable`` are admin.py; talking to the
+replies read as True, False or ``QuorumUnavailable`` are admin.py; what each
+operation sends, for one key or a set of keys, is commands.py; talking to the
 nodes is nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
 import it; lease.py, holders.py and watchdog.py must not import this module.
 """
@@ -29,10 +30,19 @@ import random
 import secrets
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from . import scripts, validate
-from .admin import LockQueries, is_one, lease_value, ms, token_argument
+from .admin import LockQueries, is_one, lease_value, token_argument
+from .commands import (
+    Keys,
+    acquire_command,
+    extend_command,
+    fence_command,
+    lease_name,
+    lock_keys,
+    release_command,
+)
 from .errors import (
     AlreadyHeld,
     ConfigurationError,
@@ -56,7 +66,7 @@ from .holders import (
 )
 from .lease import Duration, Extension, Lease
 from .nodes import Command, NodeSet
-from .reentry import HeldLeases, Reentry, current_execution, extend_command, release_command
+from .reentry import HeldLeases, Reentry, current_execution
 from .refusal import Attempt, is_granted, why_not
 from .renewals import extend_batch
 from .watchdog import get_watchdog
@@ -188,7 +198,7 @@ class Redlock(Reentry, LockQueries):
 
     def acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -218,6 +228,14 @@ class Redlock(Reentry, LockQueries):
         ``holder``/``token`` are the held lease's). Each hold is a Lease of its own
         with the same token and fence, released on its own; the key goes with the
         last hold. Its validity never reaches past the held lease's at the time.
+
+        ``key`` may be a list of keys to take together (at most ``MAX_KEYS``,
+        distinct): every key or none, on each node in one script, in sorted order,
+        so two sets that overlap never deadlock. ``lease.keys`` lists them and
+        ``lease.key`` joins them with ``+``; extend and release cover the whole
+        set, and a fenced lease's fence orders the holders of each of its keys.
+        Not with ``reentrant=True``; re-acquiring any key of a held set raises
+        ``AlreadyHeld``.
         """
         attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         if attempt.unavailable is not None:
@@ -226,7 +244,7 @@ class Redlock(Reentry, LockQueries):
 
     def try_acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -241,12 +259,12 @@ class Redlock(Reentry, LockQueries):
         if attempt.unavailable is not None:
             raise attempt.unavailable
         if attempt.lease is None:
-            raise LockContended(key, attempt.holder, attempt.holder_ttl)
+            raise LockContended(lease_name(lock_keys(key)), attempt.holder, attempt.holder_ttl)
         return attempt.lease
 
     def _acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
         timeout: Optional[Duration],
@@ -254,8 +272,13 @@ class Redlock(Reentry, LockQueries):
         token: Optional[str],
         reentrant: bool = False,
     ) -> Attempt:
-        key = validate.lock_key_name(key, reserved=INTERNAL)
+        keys = lock_keys(key)
         reentrant = validate.flag("reentrant", reentrant)
+        if reentrant and len(keys) > 1:
+            raise ConfigurationError(
+                f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
+                "several keys is not re-entered (take the set once)"
+            )
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         if lease_ttl <= self.node_timeout:
             raise ConfigurationError(
@@ -274,19 +297,20 @@ class Redlock(Reentry, LockQueries):
         if holder is not None:
             validate.utf8_text("holder", holder)
         who = holder or default_holder()
-        held = self._held.live(key)
+        held = self._held.live(keys)
         if held is not None:
-            if not reentrant:
-                raise AlreadyHeld(key, current_execution())
+            if not reentrant or held.keys != keys:
+                mine = next(k for k in keys if k in held.keys)
+                raise AlreadyHeld(mine, current_execution())
             lease, results = self._reenter(held, lease_ttl)
             if lease is None:
-                return self._why_not(key, results)
+                return self._why_not(keys, results)
             self._held.add(lease)
             return Attempt(lease)
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
         while True:
-            attempt = self._attempt(key, lease_ttl, who, token)
+            attempt = self._attempt(keys, lease_ttl, who, token)
             if attempt.lease is not None:
                 self._held.add(attempt.lease)
                 return attempt
@@ -306,35 +330,29 @@ class Redlock(Reentry, LockQueries):
                 delay = min(delay, left)
             self._sleep(delay)
 
-    def _attempt(self, key: str, ttl: float, holder: str, chosen: Optional[str]) -> Attempt:
+    def _attempt(self, keys: Keys, ttl: float, holder: str, chosen: Optional[str]) -> Attempt:
         token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
-        ttl_ms = ms(ttl)
-        if self.fencing:
-            command = Command(
-                scripts.ACQUIRE_FENCED,
-                [key, tombstone(key, value), fence_counter(key)],
-                [value, ttl_ms],
-            )
-        else:
-            command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
+        command = acquire_command(keys, value, ttl, self.fencing)
         started = self._clock()
         results = self._quorum_round(command, is_granted, self.node_timeout)
         granted = [r for r in results if is_granted(r)]
         deadline = started + ttl - self._margin(ttl)
         if len(granted) >= self.quorum and self._clock() < deadline:
-            fence = self._fence(key, value, granted, deadline) if self.fencing else None
+            fence = self._fence(keys, value, granted, deadline) if self.fencing else None
             if fence is not None or not self.fencing:
                 lease = Lease(
-                    self, self._clock, key, token, holder, ttl, started, deadline, fence,
-                    self.max_hold,
+                    self, self._clock, lease_name(keys), token, holder, ttl, started, deadline,
+                    fence, self.max_hold, keys=keys,
                 )  # fmt: skip
                 return Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
-        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False, deliver=True)
-        return self._why_not(key, results)
+        self._nodes.round(release_command(keys, value, ttl), 0.0, wait=False, deliver=True)
+        return self._why_not(keys, results)
 
-    def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
+    def _fence(
+        self, keys: Keys, value: str, granted: list[object], deadline: float
+    ) -> Optional[int]:
         """Second round of a fenced acquire: the fence T, recorded on every node that
         still holds our token; counts only with a majority within validity.
 
@@ -347,26 +365,28 @@ class Redlock(Reentry, LockQueries):
         it: the next holder's grant comes after the restart delay (longer than the
         largest TTL), so its clock reads past T as long as clients' clocks agree to
         within that delay. With persisted counters, T rises whatever the clocks say.
+        A lease on several keys records T on every key's counter, from the highest
+        of their counters: T then orders the holders of each key.
         """
         counters = [int(r[1]) for r in granted if isinstance(r, list)]
         fence = max(max(counters, default=0) + 1, self._wall_us())
         left = deadline - self._clock()
         if left <= 0:
             return None
-        command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
+        command = fence_command(keys, value, fence)
         results = self._quorum_round(command, is_one, min(self.node_timeout, left))
         recorded = sum(1 for r in results if r == 1)
         if recorded >= self.quorum and self._clock() < deadline:
             return fence
         return None
 
-    def _why_not(self, key: str, results: list[object]) -> Attempt:
-        return why_not(key, results, self.nodes, self.quorum)
+    def _why_not(self, keys: Keys, results: list[object]) -> Attempt:
+        return why_not(lease_name(keys), results, self.nodes, self.quorum)
 
     @contextmanager
     def lock(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         timeout: Optional[Duration] = None,
         blocking: bool = True,
@@ -420,13 +440,13 @@ class Redlock(Reentry, LockQueries):
 
     # -- release and inspection ------------------------------------------------------
 
-    def release_value(self, key: str, value: str) -> bool:
+    def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
         """Compare-and-delete ``key`` on all nodes if it still holds ``value`` (a
         lease's ``token|holder``): releases a lock taken by another process that
         handed its value over, e.g. in a message header. Never touches another
-        holder's lock. Returns and raises as ``Lease.release``."""
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        return self._release(key, lease_value(value), self.ttl)
+        holder's lock. ``key`` may be the list of keys a lease took together.
+        Returns and raises as ``Lease.release``."""
+        return self._release(lock_keys(key), lease_value(value), self.ttl)
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
@@ -441,7 +461,7 @@ class Redlock(Reentry, LockQueries):
         asked = extension_ttl(lease, ttl, started, self._margin)
         if isinstance(asked, Extension):
             return asked
-        command = extend_command(lease.key, lease.value, asked, lease.hold)
+        command = extend_command(lease.keys, lease.value, asked, lease.hold)
         results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
         return extension_outcome(
             results, self.quorum, asked, started, self._clock(), deadline,
@@ -459,19 +479,19 @@ class Redlock(Reentry, LockQueries):
 
     def _release_lease(self, lease: Lease) -> bool:
         self._held.forget(lease)
-        return self._release(lease.key, lease.value, lease.ttl, lease.hold)
+        return self._release(lease.keys, lease.value, lease.ttl, lease.hold)
 
-    def _release(self, key: str, value: str, ttl: float, hold: Optional[str] = None) -> bool:
+    def _release(self, keys: Keys, value: str, ttl: float, hold: Optional[str] = None) -> bool:
         # Stops at a quorum of deletions; otherwise hears every node (or times out),
         # to tell "not ours any more" from "too few answered".
         results = self._nodes.round(
-            release_command(key, value, ttl, hold),
+            release_command(keys, value, ttl, hold),
             self.node_timeout,
             is_yes=is_one,
             enough_yes=self.quorum,
             deliver=True,  # every node, also those the round stops waiting for
         )
-        return self._agreed(key, results, is_one)
+        return self._agreed(lease_name(keys), results, is_one)
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""

@@ -113,11 +113,12 @@ def renew(leases: Sequence[Lease]) -> list[bool]:
             extended[index] = _extend_one(lease)
     for indexes in by_owner.values():
         held = [i for i in indexes if leases[i]._hold_for_extension()]
-        # A re-entered lease (reentry.py) extends its holds with its key: its own
-        # round, still under the lease's lock so no hold is counted meanwhile.
-        plain = [i for i in held if leases[i].hold is None]
+        # A re-entered lease (reentry.py) extends its holds with its key, a set of
+        # keys (commands.py) all of them at once: each its own round, still under
+        # the lease's lock so no hold is counted meanwhile.
+        plain = [i for i in held if _batchable(leases[i])]
         for i in held:
-            if leases[i].hold is not None:
+            if not _batchable(leases[i]):
                 extended[i] = leases[i]._finish_extension(_outcome([leases[i]])[0])
         if plain:
             group = [leases[i] for i in plain]
@@ -126,13 +127,18 @@ def renew(leases: Sequence[Lease]) -> list[bool]:
     return extended
 
 
+def _batchable(lease: Lease) -> bool:
+    """Whether ``EXTEND_MANY`` renews ``lease``: one key, never re-entered."""
+    return lease.hold is None and len(lease.keys) == 1
+
+
 def _outcome(group: list[Lease]) -> list[Extension]:
     """Each lease's extension (one batch round; one plain round for one re-entered
     lease); every lease of ``group`` has one lock, held for extension."""
     owner = group[0].owner
     assert isinstance(owner, BatchOwner)
     try:
-        if len(group) == 1 and group[0].hold is not None:
+        if len(group) == 1 and not _batchable(group[0]):
             return [owner._extend_lease(group[0], group[0].ttl)]
         return owner._extend_leases(group)
     except Exception as exc:  # never let one lock's failure kill the thread
