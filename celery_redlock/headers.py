@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ENTRY_HEADER", "QUEUED_HEADER", "RETRIES_HEADER", "TICK_HEADER", "header"]
+__all__ = [
+    "ARRIVAL_HEADER",
+    "COPY_HEADER",
+    "ENTRY_HEADER",
+    "QUEUED_HEADER",
+    "RETRIES_HEADER",
+    "TICK_HEADER",
+    "WAITER_HEADER",
+    "header",
+]
 
 #: The tick a beat sent the task for (an int: epoch seconds or an interval bucket).
 TICK_HEADER = "redlock_beat_tick"
@@ -23,6 +32,12 @@ ENTRY_HEADER = "redlock_beat_entry"
 RETRIES_HEADER = "redlock_retries"
 #: The queued lock's value (queue once), for handing the queue place back.
 QUEUED_HEADER = "redlock_queued"
+#: Hand-off (waiting.py): the waiter id this copy is one of two messages for...
+WAITER_HEADER = "redlock_waiter"
+#: ...this message's own copy id (a redelivery keeps it)...
+COPY_HEADER = "redlock_copy"
+#: ...and the task's first contention time, ms since the epoch (its place in the queue).
+ARRIVAL_HEADER = "redlock_arrival"
 
 
 def header(request: Any, name: str) -> Any:

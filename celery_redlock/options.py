@@ -221,6 +221,23 @@ OPTIONS: tuple[Option, ...] = (
         "`AlreadyQueued`",
     ),
     Option(
+        "redlock_handoff",
+        False,
+        validate.flag,
+        "task",
+        'hand-off: a contended copy (`"retry"`) also waits in a queue on the lock nodes, '
+        "and a release runs the earliest waiter at once (SAFETY.md)",
+    ),
+    Option(
+        "redlock_handoff_claim_ttl",
+        86400.0,
+        _seconds,
+        "task",
+        "hand-off: how long a waiter's claim is kept; a waiter's second message delayed "
+        "longer than this after the first ran could run the body again",
+        unit="s",
+    ),
+    Option(
         "redlock_beat_clock_skew",
         1.0,
         partial(_beat_seconds, minimum=">= 0"),
@@ -274,6 +291,8 @@ class TaskOptions:
     dedupe_queued: bool
     queued_ttl: float
     on_queued: str
+    handoff: bool
+    handoff_claim_ttl: float
 
 
 def task_options(values: dict[str, Any]) -> TaskOptions:

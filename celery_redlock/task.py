@@ -72,11 +72,11 @@ import time
 from typing import Any, Callable, Optional
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
-from . import queue_once, reentry, signals
+from . import queue_once, reentry, signals, waiting
 from .config import app_config
 from .contention import MIN_COUNTDOWN, acquire_or_contended, retry_countdown
 from .errors import ConfigurationError, LockContended, QuorumUnavailable
@@ -245,6 +245,10 @@ class RedlockTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         request.redlock_inline_attempts = 0
         request.redlock_wait_until = None
+        if not waiting.claim_copy(self, key, options):  # raises Ignore: the other copy won
+            error = waiting.undecided_error(self, key, options)
+            request.redlock_skipped = self._redlock_contended(key, options, error, None, None)
+            return
         while True:  # more than one round only in eager mode, which waits inline
             try:
                 if options.on_contended == "retry":
@@ -385,7 +389,7 @@ class RedlockTask(Task):  # type: ignore[misc]
                 time.sleep(countdown)
                 request.redlock_inline_attempts = attempt
                 return None
-            raise self._redlock_retry(countdown, attempt, exc)  # keeps any queue place
+            raise waiting.publish_retry(self, key, options, countdown, attempt, exc)
         queue_once.hand_back(self, key, options)  # this copy will not run
         if redelivered:
             raise Ignore(f"skipped: lock {key} held by this task's running execution")
@@ -417,21 +421,6 @@ class RedlockTask(Task):  # type: ignore[misc]
             bound = holder_ttl if holder_ttl is not None and holder_ttl > 0 else ttl
             request.redlock_wait_until = now + bound * (1 + app_config(self.app).drift_factor)
         return bool(now >= request.redlock_wait_until)
-
-    def _redlock_retry(self, countdown: float, attempt: int, exc: Exception) -> Retry:
-        """Publish this task again in ``countdown`` s, counting a lock retry.
-
-        Not ``self.retry()``: that would spend the task's own ``max_retries`` budget
-        and bump ``request.retries``, which the body may use for its own backoff.
-        """
-        request = self.request
-        headers = dict(request.headers or {})
-        headers[RETRIES_HEADER] = attempt
-        signature = self.signature_from_request(
-            request, None, None, countdown=countdown, headers=headers
-        )
-        signature.apply_async()
-        return Retry(exc=exc, when=countdown, sig=signature)
 
     def _redlock_extended_callback(self, task_id: str) -> Callable[[Lease], None]:
         def extended(lease: Lease) -> None:
@@ -476,6 +465,9 @@ class RedlockTask(Task):  # type: ignore[misc]
             lease=lease,
             held_for=time.monotonic() - lease.acquired_at,
         )
+        options = self.redlock_options()
+        if options.handoff:
+            waiting.wake_next(self, lease.key, options)
 
 
 #: How long a starting task keeps trying when nobody won the vote (seconds).

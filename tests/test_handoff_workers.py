@@ -1,0 +1,165 @@
+"""Hand-off to waiting duplicates (``redlock_handoff``) in real prefork workers.
+
+Two ``celery worker`` subprocesses (celery_redlock.testing.CeleryProcess) run
+tests/handoffapp.py against a real Redis broker, 5 real lock nodes and a third Redis,
+the observer, that the task bodies report to. Safety is judged from the observer
+(occupancy, body intervals, runs per task id), never from the lock's own word: every
+task's body runs exactly once, two are never inside at once, every caller's
+``AsyncResult`` ends with its own body's result; a holder SIGKILLed mid-body leaves
+the waiters to their fallback retries, and they all still run.
+
+Messages published per task and the lock's busy share of the span are printed, not
+asserted (speed lives in bench/).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import test_celery_workers
+from celery.result import AsyncResult
+from test_celery_workers import (
+    Interval,
+    Stack,
+    intervals,
+    max_occupancy,
+    overlaps,
+    runs,
+    starts,
+    wait_all,
+)
+from test_pools import started_at
+
+from celery_redlock.testing import CeleryProcess, wait_all_ready
+
+TESTS_DIR = Path(__file__).resolve().parent
+CHECKOUT = TESTS_DIR.parent
+READY_TIMEOUT = 60.0
+#: Same-key tasks per run, and each body's length (s).
+TASKS, BODY = 12, 0.1
+
+pytestmark = pytest.mark.slow
+
+stack = test_celery_workers.stack
+
+StartWorkers = Callable[[], list[CeleryProcess]]
+
+
+@pytest.fixture
+def workers(stack: Stack, tmp_path: Path) -> Iterator[list[CeleryProcess]]:
+    """Two ready prefork workers of concurrency 2; SIGKILLed at teardown."""
+    env = dict(os.environ)
+    env.update(
+        BROKER_URL=stack.broker.url,
+        REDLOCK_NODES=",".join(stack.nodes.urls),
+        OBSERVER_URL=stack.observer_server.url,
+    )
+    started = [
+        CeleryProcess.worker(
+            "handoffapp",
+            name=name,
+            pool="prefork",
+            concurrency=2,
+            log_path=tmp_path / f"{name}.log",
+            cwd=TESTS_DIR,
+            env=env,
+            pythonpath=[TESTS_DIR, CHECKOUT],
+        )
+        for name in ("w1", "w2")
+    ]
+    try:
+        wait_all_ready(started, READY_TIMEOUT)
+        yield started
+    finally:
+        for worker in started:
+            worker.kill()
+        for worker in started:  # shown only when the test failed
+            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
+
+
+def send(stack: Stack, task: str, **kwargs: Any) -> AsyncResult:
+    return stack.client.send_task(f"handoffapp.{task}", kwargs=kwargs)
+
+
+def published(stack: Stack, counter: str) -> int:
+    """Task messages the workers published (retries, fallbacks, wakes)."""
+    return int(stack.observer.get(f"published:{counter}") or 0)
+
+
+def busy_share(spans: Sequence[Interval]) -> float:
+    """The share of the span, first body start to last body end, with a body inside."""
+    if not spans:
+        return 0.0
+    span = max(s.end for s in spans) - min(s.start for s in spans)
+    return sum(s.end - s.start for s in spans) / span if span else 1.0
+
+
+def rank_correlation(arrival: Sequence[str], ran: Sequence[str]) -> float:
+    """Spearman's rho of run order against arrival order (1: first come, first run)."""
+    order = {task_id: i for i, task_id in enumerate(ran)}
+    ranks = [order[task_id] for task_id in arrival if task_id in order]
+    n = len(ranks)
+    if n < 2:
+        return 1.0
+    d2 = sum((i - r) ** 2 for i, r in enumerate(ranks))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def check_each_ran_once(
+    stack: Stack, results: Sequence[AsyncResult], counter: str, killed: Sequence[str] = ()
+) -> None:
+    """Each of ``results`` ran its body once and ended SUCCESS with that body's result
+    (``killed``: task ids whose one body began and was killed)."""
+    states = {r.id: r.state for r in results}
+    assert [s for s in states.values() if s != "SUCCESS"] == [], states
+    for result in results:  # every caller sees its own body's result
+        assert result.get(timeout=1)["task_id"] == result.id
+    assert runs(stack.observer, counter) == dict.fromkeys([*states, *killed], 1)
+    assert overlaps(intervals(stack.observer, counter)) == []
+    if not killed:  # a killed body never leaves: the occupancy count keeps it
+        assert max_occupancy(stack.observer, counter) == 1
+
+
+@pytest.mark.parametrize("task", ["handoff", "plain"])
+def test_same_key_tasks_each_run_once_one_at_a_time(
+    stack: Stack, workers: list[CeleryProcess], task: str
+) -> None:
+    results = [send(stack, task, tag="same", seconds=BODY, counter=task) for _ in range(TASKS)]
+    wait_all(results, timeout=180)
+    check_each_ran_once(stack, results, task)
+    spans = intervals(stack.observer, task)
+    ran = [task_id for task_id, _, _ in starts(stack.observer, task)]
+    messages = (TASKS + published(stack, task)) / TASKS
+    print(
+        f"{task}: {TASKS} same-key tasks of {BODY}s on 2 prefork workers x 2: busy "
+        f"{busy_share(spans):.0%} of the span, {messages:.2f} messages per task, fairness "
+        f"(rank correlation, run vs arrival) {rank_correlation([r.id for r in results], ran):.2f}"
+    )
+
+
+def test_waiters_still_all_run_when_the_holder_is_killed(
+    stack: Stack, workers: list[CeleryProcess]
+) -> None:
+    holder = send(stack, "handoff", tag="kill", seconds=60.0, counter="kill")
+    began = started_at(stack, "kill", holder, timeout=60)
+    waiters = [send(stack, "handoff", tag="kill", seconds=BODY, counter="kill") for _ in range(6)]
+    # Each waiter has met the held lock (and registered, and published its fallback).
+    deadline = time.monotonic() + 60
+    while published(stack, "kill") < len(waiters):
+        assert time.monotonic() < deadline, "the waiters did not all meet the lock"
+        time.sleep(0.05)
+    (pid,) = {p for task_id, p, _ in starts(stack.observer, "kill") if task_id == holder.id}
+    killed_at = time.monotonic_ns()
+    os.kill(pid, signal.SIGKILL)  # no release, no wake: the lock frees at its TTL
+    wait_all([holder, *waiters], timeout=180)
+    assert holder.state == "FAILURE"  # WorkerLostError: the body died
+    check_each_ran_once(stack, waiters, "kill", killed=[holder.id])
+    later = [start for task_id, _, start in starts(stack.observer, "kill") if task_id != holder.id]
+    assert min(later) > killed_at > began  # nobody ran beside the killed holder
+    print(f"killed holder: {len(waiters)} waiters ran once each after the kill (fallback)")
