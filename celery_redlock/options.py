@@ -226,7 +226,8 @@ OPTIONS: tuple[Option, ...] = (
         validate.flag,
         "task",
         'hand-off: a contended copy (`"retry"`) also waits in a queue on the lock nodes, '
-        "and a release runs the earliest waiter at once (SAFETY.md)",
+        "and a release runs the earliest waiter at once. Off by default: a body then runs "
+        "once only while the waiter claims survive on the nodes (SAFETY.md)",
     ),
     Option(
         "redlock_handoff_claim_ttl",
