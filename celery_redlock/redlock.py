@@ -17,7 +17,8 @@ one holder to the next (see ``Redlock.acquire``).
 Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
 holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
 (``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
-replies read as True, False or ``QuorumUnavailable`` are admin.py; talking to the
+replies read as True, False or ``QuorumUnavailable`` are admin.py; the steps of
+each operation, shared with the asyncio driver, are rules.py; talking to the
 nodes is nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
 import it; lease.py, holders.py and watchdog.py must not import this module.
 """
@@ -25,17 +26,13 @@ import it; lease.py, holders.py and watchdog.py must not import this module.
 from __future__ import annotations
 
 import logging
-import random
-import secrets
 import time
-from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
-from . import scripts, validate
-from .admin import LockQueries, is_one, lease_value, ms, token_argument
-from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable, RedlockError
+from . import validate
+from .admin import LockQueries
+from .errors import QuorumUnavailable, RedlockError
 from .holders import (
     FENCE,
     INTERNAL,
@@ -45,17 +42,17 @@ from .holders import (
     default_holder,
     fence_counter,
     is_lock_key,
-    read_holding,
-    split_value,
     tombstone,
 )
 from .lease import Duration, Extension, Lease
-from .nodes import Command, NodeSet
+from .nodes import NodeSet
+from .quorum import CLOCK_PRECISION, Attempt, judge_exit, lease_value, quorum, release_command
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
 # importable from here.
 __all__ = [
+    "CLOCK_PRECISION",
     "FENCE",
     "INTERNAL",
     "TOMBSTONE",
@@ -68,37 +65,11 @@ __all__ = [
     "fence_counter",
     "is_lock_key",
     "quorum",
+    "release_command",
     "tombstone",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: Redis expires a key up to 1 ms early; one more ms for our own clock's granularity.
-CLOCK_PRECISION = 0.002
-
-
-def quorum(n: int) -> int:
-    """How many of ``n`` nodes make a majority."""
-    return n // 2 + 1
-
-
-def release_command(key: str, value: str, ttl: float) -> Command:
-    """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
-    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
-
-
-def _is_granted(reply: object) -> bool:
-    return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
-
-
-@dataclass
-class _Attempt:
-    """Why one acquire round failed, for the retry loop and the errors it raises."""
-
-    lease: Optional[Lease] = None
-    holder: Optional[str] = None
-    holder_ttl: Optional[float] = None
-    unavailable: Optional[QuorumUnavailable] = None
 
 
 class Redlock(LockQueries):
@@ -136,32 +107,13 @@ class Redlock(LockQueries):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-            raise ConfigurationError(
-                "nodes must be a list of Redis URLs or redis.Redis clients "
-                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
-            )
-        if not nodes:
-            raise ConfigurationError("nodes must list at least one Redis master, got none")
-        self.ttl = validate.seconds("ttl", ttl)
-        self.node_timeout = validate.seconds("node_timeout", node_timeout)
-        if self.node_timeout >= self.ttl:
-            raise ConfigurationError(
-                f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
-                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
-            )
-        self.drift_factor = validate.fraction("drift_factor", drift_factor)
-        self.retry_count = validate.count("retry_count", retry_count)
-        self.retry_delay = validate.seconds("retry_delay", retry_delay, minimum=">= 0")
-        self.fencing = bool(fencing)
-        self.max_hold = None if max_hold is None else validate.seconds("max_hold", max_hold)
+        self._configure(
+            nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
+        )
         self._clock = clock
         self._sleep = sleep
-        self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._nodes = NodeSet(nodes, clock=clock)
-        self.quorum = quorum(len(self._nodes))
-        # Noes that rule a quorum out: a round can stop there.
-        self._enough_no = len(self._nodes) - self.quorum + 1
+        self._count_nodes(len(self._nodes))
 
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
@@ -178,17 +130,6 @@ class Redlock(LockQueries):
         inspection: the CLI reads them with plain clients. Lock operations go
         through this lock's methods."""
         return self._nodes
-
-    def _margin(self, ttl: float) -> float:
-        return ttl * self.drift_factor + CLOCK_PRECISION
-
-    def _quorum_round(
-        self, command: Command, is_yes: Callable[[object], bool], timeout: float
-    ) -> list[object]:
-        """One round that stops as soon as a quorum said yes, or can no longer."""
-        return self._nodes.round(
-            command, timeout, is_yes=is_yes, enough_yes=self.quorum, enough_no=self._enough_no
-        )
 
     def close(self) -> None:
         """Close every connection (they reopen on next use)."""
@@ -220,10 +161,7 @@ class Redlock(LockQueries):
         Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
         because too few nodes answered, rather than because someone holds the key.
         """
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
-        if attempt.unavailable is not None:
-            raise attempt.unavailable
-        return attempt.lease
+        return self._acquire(key, ttl, blocking, timeout, holder, token).outcome(key, False)
 
     def try_acquire(
         self,
@@ -236,12 +174,9 @@ class Redlock(LockQueries):
     ) -> Lease:
         """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
         instead of returning ``None``."""
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token)
-        if attempt.unavailable is not None:
-            raise attempt.unavailable
-        if attempt.lease is None:
-            raise LockContended(key, attempt.holder, attempt.holder_ttl)
-        return attempt.lease
+        lease = self._acquire(key, ttl, blocking, timeout, holder, token).outcome(key, True)
+        assert lease is not None
+        return lease
 
     def _acquire(
         self,
@@ -251,127 +186,10 @@ class Redlock(LockQueries):
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
-    ) -> _Attempt:
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        if lease_ttl <= self.node_timeout:
-            raise ConfigurationError(
-                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
-            )
-        limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
-        if not blocking and limit is not None:
-            raise ConfigurationError(
-                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
-                "attempt): drop timeout or set blocking=True"
-            )
-        if token is not None:
-            token = token_argument(token)
-        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
-            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
-        if holder is not None:
-            validate.utf8_text("holder", holder)
-        who = holder or default_holder()
-        give_up = None if limit is None else self._clock() + limit
-        attempts = 0
-        while True:
-            attempt = self._attempt(key, lease_ttl, who, token)
-            if attempt.lease is not None:
-                return attempt
-            attempts += 1
-            if not blocking:
-                return attempt
-            if give_up is None and attempts > self.retry_count:
-                return attempt
-            delay = random.uniform(0.5, 1.5) * self.retry_delay
-            if attempt.holder_ttl is not None:
-                # The holder's lock frees sooner: come back just after it does.
-                delay = min(delay, attempt.holder_ttl + random.uniform(0.001, 0.005))
-            if give_up is not None:
-                left = give_up - self._clock()
-                if left <= 0:
-                    return attempt
-                delay = min(delay, left)
-            self._sleep(delay)
-
-    def _attempt(self, key: str, ttl: float, holder: str, chosen: Optional[str]) -> _Attempt:
-        token = chosen or secrets.token_urlsafe(20)
-        value = f"{token}|{holder}"
-        ttl_ms = ms(ttl)
-        if self.fencing:
-            command = Command(
-                scripts.ACQUIRE_FENCED,
-                [key, tombstone(key, value), fence_counter(key)],
-                [value, ttl_ms],
-            )
-        else:
-            command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
-        started = self._clock()
-        results = self._quorum_round(command, _is_granted, self.node_timeout)
-        granted = [r for r in results if _is_granted(r)]
-        deadline = started + ttl - self._margin(ttl)
-        if len(granted) >= self.quorum and self._clock() < deadline:
-            fence = self._fence(key, value, granted, deadline) if self.fencing else None
-            if fence is not None or not self.fencing:
-                lease = Lease(
-                    self, self._clock, key, token, holder, ttl, started, deadline, fence,
-                    self.max_hold,
-                )  # fmt: skip
-                return _Attempt(lease)
-        # Lost: undo on every node, without waiting for anyone.
-        self._nodes.round(release_command(key, value, ttl), 0.0, wait=False, deliver=True)
-        return self._why_not(key, results)
-
-    def _fence(self, key: str, value: str, granted: list[object], deadline: float) -> Optional[int]:
-        """Second round of a fenced acquire: the fence T, recorded on every node that
-        still holds our token; counts only with a majority within validity.
-
-        T = max(1 + the highest counter the granting quorum reported, wall-clock
-        microseconds). Any later holder's quorum shares a node with the majority that
-        recorded T, so it reads a counter >= T and picks a larger fence -- as long as
-        that node kept its counter. A node restarted without persistence has lost it
-        (a delayed restart protects lock keys, not counters), and the shared node may
-        be exactly that one: the model checker finds that trace. The clock term covers
-        it: the next holder's grant comes after the restart delay (longer than the
-        largest TTL), so its clock reads past T as long as clients' clocks agree to
-        within that delay. With persisted counters, T rises whatever the clocks say.
-        """
-        counters = [int(r[1]) for r in granted if isinstance(r, list)]
-        fence = max(max(counters, default=0) + 1, self._wall_us())
-        left = deadline - self._clock()
-        if left <= 0:
-            return None
-        command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
-        results = self._quorum_round(command, is_one, min(self.node_timeout, left))
-        recorded = sum(1 for r in results if r == 1)
-        if recorded >= self.quorum and self._clock() < deadline:
-            return fence
-        return None
-
-    def _why_not(self, key: str, results: list[object]) -> _Attempt:
-        """Contention (someone holds the key) or an outage (too few nodes answered)?"""
-        count = len(results)
-        need = self.quorum
-        refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
-        errors = {
-            self._nodes.nodes[i].address: r
-            for i, r in enumerate(results)
-            if isinstance(r, BaseException)
-        }
-        if errors and len(refusals) <= count - need:
-            # The refusals alone did not rule out a quorum: the silent nodes did.
-            return _Attempt(unavailable=QuorumUnavailable(key, errors, need))
-        holders = Counter(split_value(r[0])[1] or "unknown" for r in refusals)
-        holder = holders.most_common(1)[0][0] if holders else None
-        # The lock frees when enough refusing nodes expire to make a quorum with the
-        # others: that is the k-th shortest remaining TTL among the refusals.
-        ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
-        missing = need - (count - len(refusals))
-        holder_ttl = None
-        if 0 < missing <= len(ttls):
-            holder_ttl = ttls[missing - 1] / 1000.0
-        elif not refusals:
-            holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
-        return _Attempt(holder=holder, holder_ttl=holder_ttl)
+    ) -> Attempt:
+        # The attempts, the waits between them and the checks are LockRules' (rules.py).
+        steps = self._acquire_steps(self, Lease, key, ttl, blocking, timeout, holder, token)
+        return self._drive(steps)
 
     @contextmanager
     def lock(
@@ -416,13 +234,10 @@ class Redlock(LockQueries):
             return  # released in the block: its outcome was the block's to read
         lost = lease.lost_reason
         try:
-            released = lease.release()
+            released: Union[bool, QuorumUnavailable] = lease.release()
         except QuorumUnavailable as exc:
-            if lost is not None:
-                raise LockLost(lease.key, lost) from exc
-            raise
-        if lost is not None or not released:
-            raise LockLost(lease.key, lost or "the key no longer held this lease's token")
+            released = exc
+        judge_exit(lease, lost, released)
 
     # -- release and inspection ------------------------------------------------------
 
@@ -437,64 +252,15 @@ class Redlock(LockQueries):
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
     def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
-        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
-
-        Extended when a majority extended it within its validity. Lost when a
-        majority refused (the key is not ours there any more) or when another round
-        could not finish a node_timeout before the deadline (so the loss is known
-        before the lease runs out). Otherwise -- slow, hung or unreachable nodes --
-        ``retry_by`` says until when another round is worth it.
-        """
-        started = self._clock()
-        deadline = lease.deadline
-        if deadline - started <= 0:
-            return Extension(reason="validity ran out before it was extended")
-        if lease.max_hold is not None:
-            left = lease.acquired_at + lease.max_hold - started
-            if left <= self._margin(ttl):
-                return Extension()  # at the bound: let it run out
-            ttl = min(ttl, left)
-        command = Command(scripts.EXTEND, [lease.key], [lease.value, ms(ttl)])
-        results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
-        finished = self._clock()
-        won = sum(1 for r in results if r == 1)
-        if won >= self.quorum and finished < deadline:
-            return Extension(deadline=started + ttl - self._margin(ttl))
-        errors = [r for r in results if isinstance(r, BaseException)]
-        detail = f" ({errors[0]})" if errors else ""
-        reason = f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}"
-        refused = sum(1 for r in results if r == 0)
-        # A retry round must end a node_timeout before the deadline, so that its
-        # failure, too, is known while the lease is still valid.
-        retry_by = deadline - self._margin(ttl) - 2 * self.node_timeout
-        if refused > len(results) - self.quorum or finished >= retry_by:
-            return Extension(reason=reason)
-        return Extension(reason=reason, retry_by=retry_by)
+        """One extension round (see ``LockRules._extend_steps``)."""
+        return self._drive(self._extend_steps(lease, ttl))
 
     def _release_lease(self, lease: Lease) -> bool:
         return self._release(lease.key, lease.value, lease.ttl)
 
     def _release(self, key: str, value: str, ttl: float) -> bool:
-        # Stops at a quorum of deletions; otherwise hears every node (or times out),
-        # to tell "not ours any more" from "too few answered".
-        results = self._nodes.round(
-            release_command(key, value, ttl),
-            self.node_timeout,
-            is_yes=is_one,
-            enough_yes=self.quorum,
-            deliver=True,  # every node, also those the round stops waiting for
-        )
-        return self._agreed(key, results, is_one)
+        return self._drive(self._release_steps(key, value, ttl))
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        results = self._nodes.round(Command(scripts.HOLDER, [key], []), self.node_timeout)
-        holdings = []
-        for node, reply in zip(self._nodes.nodes, results):
-            if isinstance(reply, BaseException):
-                holdings.append(NodeHolding(node.address, error=reply))
-                continue
-            value, pttl = reply if isinstance(reply, list) else (None, -2)
-            holdings.append(read_holding(node.address, value, pttl))
-        return HolderInfo(key, tuple(holdings), self.quorum)
+        return self._drive(self._holder_steps(key))

@@ -1,0 +1,419 @@
+"""The Redlock rules both drivers share: what each operation sends, what replies mean.
+
+The synchronous lock (redlock.py, admin.py) and the asyncio one (asyncio/) differ
+only in how a round's I/O is done. Everything decided from a round's replies lives
+here once, in ``LockRules``, the base both lock classes share: the settings and
+their checks, the quorum and validity arithmetic, the commands, why an acquire was
+not won (contention or an outage), when an extension counts, how replies read as
+True, False or ``QuorumUnavailable``, and who holds a key.
+
+An operation of more than arithmetic is written as *steps*: a generator that yields
+an ``Ask`` (one round: the command, its deadline, when it is decided) and is sent
+that round's per-node results, then returns the operation's value. A driver runs
+the steps with its own I/O: ``drive`` here for a blocking round function, an
+``await`` per round in asyncio/. So the algorithm is written once, with no I/O::
+
+    results = yield Ask(command, self.node_timeout)   # sync: NodeSet.round(...)
+
+The pieces below the operations (quorum arithmetic, reply predicates, argument
+checks, ``Ask``/``Pause``/``Steps``/``drive``) are quorum.py's.
+Reads a clock (the lock's, injectable) but no sockets. Must not import nodes.py,
+redlock.py, admin.py, asyncio or Celery.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Callable, Optional, Protocol, TypeVar
+
+from . import scripts, validate
+from .errors import ConfigurationError, QuorumUnavailable
+from .holders import (
+    INTERNAL,
+    HolderInfo,
+    NodeHolding,
+    default_holder,
+    fence_counter,
+    read_holding,
+    split_value,
+    tombstone,
+)
+from .lease import Duration, Extension, Lease
+from .quorum import (
+    CLOCK_PRECISION,
+    Ask,
+    Attempt,
+    Pause,
+    Steps,
+    is_answer,
+    is_granted,
+    is_one,
+    lease_value,
+    ms,
+    quorum,
+    release_command,
+    token_argument,
+)
+from .resp import Command
+from .round import NOT_AWAITED
+
+__all__ = ["LockRules"]
+
+T = TypeVar("T")
+
+
+class _Addressed(Protocol):
+    @property
+    def address(self) -> str: ...
+
+
+class _Nodes(Protocol):
+    @property
+    def nodes(self) -> Sequence[_Addressed]: ...
+
+
+class LockRules:
+    """What ``Redlock`` and ``AsyncRedlock`` share: settings, checks, the steps of
+    every operation, and how a round's replies read."""
+
+    ttl: float
+    node_timeout: float
+    drift_factor: float
+    retry_count: int
+    retry_delay: float
+    fencing: bool
+    max_hold: Optional[float]
+    quorum: int
+    _enough_no: int
+    _clock: Callable[[], float]
+    _wall_us: Callable[[], int]
+    _nodes: _Nodes
+
+    def _configure(
+        self,
+        nodes: Sequence[object],
+        ttl: Duration,
+        node_timeout: Duration,
+        drift_factor: float,
+        retry_count: int,
+        retry_delay: Duration,
+        fencing: bool,
+        max_hold: Optional[Duration],
+    ) -> None:
+        """Check and keep the constructor's settings (the nodes are the driver's)."""
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
+            raise ConfigurationError(
+                "nodes must be a list of Redis URLs or redis.Redis clients "
+                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
+            )
+        if not nodes:
+            raise ConfigurationError("nodes must list at least one Redis master, got none")
+        self.ttl = validate.seconds("ttl", ttl)
+        self.node_timeout = validate.seconds("node_timeout", node_timeout)
+        if self.node_timeout >= self.ttl:
+            raise ConfigurationError(
+                f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
+                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
+            )
+        self.drift_factor = validate.fraction("drift_factor", drift_factor)
+        self.retry_count = validate.count("retry_count", retry_count)
+        self.retry_delay = validate.seconds("retry_delay", retry_delay, minimum=">= 0")
+        self.fencing = bool(fencing)
+        self.max_hold = None if max_hold is None else validate.seconds("max_hold", max_hold)
+        self._wall_us = lambda: time.time_ns() // 1000
+
+    def _count_nodes(self, count: int) -> None:
+        self.quorum = quorum(count)
+        # Noes that rule a quorum out: a round can stop there.
+        self._enough_no = count - self.quorum + 1
+
+    def _margin(self, ttl: float) -> float:
+        return ttl * self.drift_factor + CLOCK_PRECISION
+
+    def _quorum_ask(
+        self,
+        command: Command,
+        is_yes: Callable[[object], bool],
+        timeout: float,
+        undo: Optional[Command] = None,
+    ) -> Ask:
+        """A round that stops as soon as a quorum said yes, or can no longer."""
+        return Ask(command, timeout, is_yes, self.quorum, self._enough_no, undo=undo)
+
+    # -- acquire ------------------------------------------------------------------
+
+    def _acquire_arguments(
+        self,
+        key: str,
+        ttl: Optional[Duration],
+        blocking: bool,
+        timeout: Optional[Duration],
+        holder: Optional[str],
+        token: Optional[str],
+    ) -> tuple[str, float, Optional[float], Optional[str], str]:
+        """acquire's arguments, checked: key, lease ttl, timeout, token, holder."""
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
+        if lease_ttl <= self.node_timeout:
+            raise ConfigurationError(
+                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
+            )
+        limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
+        if not blocking and limit is not None:
+            raise ConfigurationError(
+                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
+                "attempt): drop timeout or set blocking=True"
+            )
+        if token is not None:
+            token = token_argument(token)
+        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
+            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
+        if holder is not None:
+            validate.utf8_text("holder", holder)
+        return key, lease_ttl, limit, token, holder or default_holder()
+
+    def _acquire_steps(
+        self,
+        owner: object,
+        lease_class: Callable[..., Lease],
+        key: str,
+        ttl: Optional[Duration],
+        blocking: bool,
+        timeout: Optional[Duration],
+        holder: Optional[str],
+        token: Optional[str],
+    ) -> Steps[Attempt]:
+        """Attempts until won, or until ``blocking`` / ``timeout`` / ``retry_count``
+        say to give up; between them a random wait, cut short when the holder's
+        lock expires sooner. The leases are ``lease_class(owner, ...)``."""
+        key, lease_ttl, limit, token, who = self._acquire_arguments(
+            key, ttl, blocking, timeout, holder, token
+        )
+        give_up = None if limit is None else self._clock() + limit
+        attempts = 0
+        while True:
+            attempt = yield from self._attempt(owner, lease_class, key, lease_ttl, who, token)
+            if attempt.lease is not None:
+                return attempt
+            attempts += 1
+            if not blocking:
+                return attempt
+            if give_up is None and attempts > self.retry_count:
+                return attempt
+            delay = random.uniform(0.5, 1.5) * self.retry_delay
+            if attempt.holder_ttl is not None:
+                # The holder's lock frees sooner: come back just after it does.
+                delay = min(delay, attempt.holder_ttl + random.uniform(0.001, 0.005))
+            if give_up is not None:
+                left = give_up - self._clock()
+                if left <= 0:
+                    return attempt
+                delay = min(delay, left)
+            yield Pause(delay)
+
+    def _attempt(
+        self, owner: object, lease_class: Callable[..., Lease], key: str, ttl: float, holder: str,
+        chosen: Optional[str],
+    ) -> Steps[Attempt]:  # fmt: skip
+        token = chosen or secrets.token_urlsafe(20)
+        value = f"{token}|{holder}"
+        ttl_ms = ms(ttl)
+        if self.fencing:
+            command = Command(
+                scripts.ACQUIRE_FENCED,
+                [key, tombstone(key, value), fence_counter(key)],
+                [value, ttl_ms],
+            )
+        else:
+            command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
+        undo = release_command(key, value, ttl)
+        started = self._clock()
+        results = yield self._quorum_ask(command, is_granted, self.node_timeout, undo=undo)
+        granted = [r for r in results if is_granted(r)]
+        deadline = started + ttl - self._margin(ttl)
+        if len(granted) >= self.quorum and self._clock() < deadline:
+            fence = None
+            if self.fencing:
+                fence = yield from self._fence(key, value, granted, deadline, undo)
+            if fence is not None or not self.fencing:
+                lease = lease_class(
+                    owner, self._clock, key, token, holder, ttl, started, deadline, fence,
+                    self.max_hold,
+                )  # fmt: skip
+                return Attempt(lease)
+        # Lost: undo on every node, without waiting for anyone.
+        yield Ask(undo, 0.0, wait=False, deliver=True)
+        return self._why_not(key, results)
+
+    def _fence(
+        self, key: str, value: str, granted: list[object], deadline: float, undo: Command
+    ) -> Steps[Optional[int]]:
+        """Second round of a fenced acquire: the fence T, recorded on every node that
+        still holds our token; counts only with a majority within validity.
+
+        T = max(1 + the highest counter the granting quorum reported, wall-clock
+        microseconds). Any later holder's quorum shares a node with the majority that
+        recorded T, so it reads a counter >= T and picks a larger fence -- as long as
+        that node kept its counter. A node restarted without persistence has lost it
+        (a delayed restart protects lock keys, not counters), and the shared node may
+        be exactly that one: the model checker finds that trace. The clock term covers
+        it: the next holder's grant comes after the restart delay (longer than the
+        largest TTL), so its clock reads past T as long as clients' clocks agree to
+        within that delay. With persisted counters, T rises whatever the clocks say.
+        """
+        counters = [int(r[1]) for r in granted if isinstance(r, list)]
+        fence = max(max(counters, default=0) + 1, self._wall_us())
+        left = deadline - self._clock()
+        if left <= 0:
+            return None
+        command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
+        results = yield self._quorum_ask(command, is_one, min(self.node_timeout, left), undo)
+        recorded = sum(1 for r in results if r == 1)
+        if recorded >= self.quorum and self._clock() < deadline:
+            return fence
+        return None
+
+    def _why_not(self, key: str, results: list[object]) -> Attempt:
+        """Contention (someone holds the key) or an outage (too few nodes answered)?"""
+        count = len(results)
+        need = self.quorum
+        refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
+        errors = {
+            self._nodes.nodes[i].address: r
+            for i, r in enumerate(results)
+            if isinstance(r, BaseException)
+        }
+        if errors and len(refusals) <= count - need:
+            # The refusals alone did not rule out a quorum: the silent nodes did.
+            return Attempt(unavailable=QuorumUnavailable(key, errors, need))
+        holders = Counter(split_value(r[0])[1] or "unknown" for r in refusals)
+        holder = holders.most_common(1)[0][0] if holders else None
+        # The lock frees when enough refusing nodes expire to make a quorum with the
+        # others: that is the k-th shortest remaining TTL among the refusals.
+        ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
+        missing = need - (count - len(refusals))
+        holder_ttl = None
+        if 0 < missing <= len(ttls):
+            holder_ttl = ttls[missing - 1] / 1000.0
+        elif not refusals:
+            holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
+        return Attempt(holder=holder, holder_ttl=holder_ttl)
+
+    # -- extend, release, queries -----------------------------------------------------
+
+    def _extend_steps(self, lease: Lease, ttl: float) -> Steps[Extension]:
+        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
+
+        Extended when a majority extended it within its validity. Lost when a
+        majority refused (the key is not ours there any more) or when another round
+        could not finish a node_timeout before the deadline (so the loss is known
+        before the lease runs out). Otherwise -- slow, hung or unreachable nodes --
+        ``retry_by`` says until when another round is worth it.
+        """
+        started = self._clock()
+        deadline = lease.deadline
+        if deadline - started <= 0:
+            return Extension(reason="validity ran out before it was extended")
+        if lease.max_hold is not None:
+            left = lease.acquired_at + lease.max_hold - started
+            if left <= self._margin(ttl):
+                return Extension()  # at the bound: let it run out
+            ttl = min(ttl, left)
+        command = Command(scripts.EXTEND, [lease.key], [lease.value, ms(ttl)])
+        timeout = min(self.node_timeout, deadline - started)
+        results = yield self._quorum_ask(command, is_one, timeout)
+        finished = self._clock()
+        won = sum(1 for r in results if r == 1)
+        if won >= self.quorum and finished < deadline:
+            return Extension(deadline=started + ttl - self._margin(ttl))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        detail = f" ({errors[0]})" if errors else ""
+        reason = f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}"
+        refused = sum(1 for r in results if r == 0)
+        # A retry round must end a node_timeout before the deadline, so that its
+        # failure, too, is known while the lease is still valid.
+        retry_by = deadline - self._margin(ttl) - 2 * self.node_timeout
+        if refused > len(results) - self.quorum or finished >= retry_by:
+            return Extension(reason=reason)
+        return Extension(reason=reason, retry_by=retry_by)
+
+    def _release_steps(self, key: str, value: str, ttl: float) -> Steps[bool]:
+        # Stops at a quorum of deletions; otherwise hears every node (or times out),
+        # to tell "not ours any more" from "too few answered".
+        results = yield Ask(
+            release_command(key, value, ttl),
+            self.node_timeout,
+            is_yes=is_one,
+            enough_yes=self.quorum,
+            deliver=True,  # every node, also those the round stops waiting for
+        )
+        return self._agreed(key, results, is_one)
+
+    def _holder_steps(self, key: str) -> Steps[HolderInfo]:
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        results = yield Ask(Command(scripts.HOLDER, [key], []), self.node_timeout)
+        holdings = []
+        for node, reply in zip(self._nodes.nodes, results):
+            if isinstance(reply, BaseException):
+                holdings.append(NodeHolding(node.address, error=reply))
+                continue
+            value, pttl = reply if isinstance(reply, list) else (None, -2)
+            holdings.append(read_holding(node.address, value, pttl))
+        return HolderInfo(key, tuple(holdings), self.quorum)
+
+    def _extend_value_steps(self, key: str, value: str, ttl: Optional[Duration]) -> Steps[bool]:
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        value = lease_value(value)
+        new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
+        command = Command(scripts.EXTEND, [key], [value, ms(new_ttl)])
+        results = yield Ask(command, self.node_timeout, is_one, self.quorum)
+        return self._agreed(key, results, is_one)
+
+    def _locked_steps(self, key: str) -> Steps[bool]:
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        results = yield Ask(Command(scripts.HOLDER, [key], []), self.node_timeout)
+        held = Counter(r[0] for r in results if isinstance(r, list) and r and r[0])
+        top = held.most_common(1)[0][0] if held else None
+        return self._agreed(
+            key, results, lambda r: top is not None and isinstance(r, list) and r[0] == top
+        )
+
+    def _force_release_steps(self, key: str) -> Steps[int]:
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        command = Command(scripts.FORCE_RELEASE, [key], [])
+        results = yield Ask(command, self.node_timeout, deliver=True)
+        self._answered_by_quorum(key, results)
+        return sum(1 for r in results if r == 1)
+
+    def _owned_steps(self, lease: Lease) -> Steps[bool]:
+        results = yield Ask(Command(scripts.HOLDER, [lease.key], []), self.node_timeout)
+        value = lease.value.encode()
+        return self._agreed(lease.key, results, lambda r: isinstance(r, list) and r[0] == value)
+
+    def _agreed(self, key: str, results: list[object], is_yes: Callable[[object], bool]) -> bool:
+        """True when a quorum of ``results`` is yes; False when enough nodes answered
+        no that a quorum of yes is impossible; otherwise the failures left it open:
+        ``QuorumUnavailable``."""
+        yes = sum(1 for r in results if is_answer(r) and is_yes(r))
+        if yes >= self.quorum:
+            return True
+        no = sum(1 for r in results if is_answer(r) and r is not NOT_AWAITED and not is_yes(r))
+        if no > len(results) - self.quorum:
+            return False
+        raise self._unavailable(key, results)
+
+    def _answered_by_quorum(self, key: str, results: list[object]) -> None:
+        if sum(1 for r in results if is_answer(r)) < self.quorum:
+            raise self._unavailable(key, results)
+
+    def _unavailable(self, key: str, results: list[object]) -> QuorumUnavailable:
+        errors = {
+            node.address: r
+            for node, r in zip(self._nodes.nodes, results)
+            if isinstance(r, BaseException)
+        }
+        return QuorumUnavailable(key, errors, self.quorum)
