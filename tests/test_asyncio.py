@@ -302,3 +302,15 @@ def test_tls_nodes(tls: list[TLSNode], certs: Any) -> None:
             await untrusted.acquire("tls:closed", blocking=False)
 
     run(scenario())
+
+
+def test_one_lock_serves_successive_event_loops(redis_nodes: RedisCluster) -> None:
+    redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+
+    async def take_and_release() -> None:
+        lease = await redlock.acquire("loops")
+        assert lease is not None and await lease.release() is True
+
+    run(take_and_release())
+    run(take_and_release())  # the first loop's connections are closed: fresh ones
+    assert _gone(_clients(redis_nodes), "loops")()

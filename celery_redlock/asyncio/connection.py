@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import ssl
 from collections import deque
-from typing import Final, Optional, Protocol
+from typing import Any, Final, Optional, Protocol
 
 from redis import exceptions as rexc
 
@@ -194,11 +194,18 @@ class NodeConnection(asyncio.Protocol):
         for entry in owed:
             if entry.waiter is not None:
                 entry.waiter.failed(entry.node, error)
-        if self.transport is not None:
-            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+        with contextlib.suppress(RuntimeError):  # its event loop closed meanwhile
+            if self.transport is not None:
                 self.transport.abort()
-        if self._connecting is not None and self._connecting is not asyncio.current_task():
-            self._connecting.cancel()
+            if self._connecting is not None and self._connecting is not _current_task():
+                self._connecting.cancel()
+
+
+def _current_task() -> Optional[asyncio.Task[Any]]:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
 
 
 def _running_loop() -> Optional[asyncio.AbstractEventLoop]:

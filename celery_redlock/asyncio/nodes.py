@@ -38,11 +38,12 @@ __all__ = ["AsyncNodeSet"]
 class _RoundWaiter:
     """One round in flight: the tally, fed by the connections' replies."""
 
-    __slots__ = ("command", "conns", "entries", "heard", "tally", "wake")
+    __slots__ = ("command", "conns", "entries", "heard", "sent", "tally", "wake")
 
-    def __init__(self, tally: Round, command: Command, count: int) -> None:
+    def __init__(self, tally: Round, command: Command, count: int, sent: float) -> None:
         self.tally = tally
         self.command = command
+        self.sent = sent
         self.wake: Optional[asyncio.Future[None]] = None
         self.conns: list[Optional[NodeConnection]] = [None] * count
         self.entries: list[Optional[Owed]] = [None] * count
@@ -54,7 +55,7 @@ class _RoundWaiter:
             conn = self.conns[node]
             if conn is not None and not conn.closed:
                 command = self.command
-                self.entries[node] = conn.send(command, command.fallback(), self, node, 0.0)
+                self.entries[node] = conn.send(command, command.fallback(), self, node, self.sent)
                 return
             tally.failed(node, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
         self._heard()
@@ -114,7 +115,7 @@ class AsyncNodeSet:
         now = self._clock()
         self._owed_age = max(self._owed_age, owed_age(ask.timeout))
         command = ask.command
-        waiter = _RoundWaiter(tally, command, len(self.nodes))
+        waiter = _RoundWaiter(tally, command, len(self.nodes), now)
         for i in range(len(self.nodes)):
             try:
                 conn = self._checkout(i, now)
