@@ -6,11 +6,13 @@ Run from the repository root (the bench starts and stops its own servers)::
     python -m bench locks            # full run, ~1 minute; writes bench/results/locks.{json,md}
     python -m bench locks --quick    # smoke run with few iterations (results not saved)
     python -m bench profile          # cProfile of our acquire+release, top functions
+    python -m bench renewals         # watchdog CPU vs leases held, leases lost far away
 
 Layout: ``resp`` (a bare RESP socket: the physical floor and the bench's own control
 connection), ``stats`` (timed loops and percentiles), ``contenders`` (one adapter per
 lock library), ``commands`` (commands per node per operation, from MONITOR and
-``INFO commandstats``), ``locks`` (the run: scenarios, ratios, report), ``profile``.
+``INFO commandstats``), ``locks`` (the run: scenarios, ratios, report), ``profile``,
+``renewals`` (the watchdog at scale).
 
 Nothing in celery_redlock imports this package.
 """

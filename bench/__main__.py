@@ -1,10 +1,13 @@
-"""``python -m bench {locks,profile,tasks} [options]``: see bench/__init__.py, bench/tasks.py."""
+"""``python -m bench {locks,profile,renewals,tasks} [options]``: see bench/__init__.py."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m bench {locks,profile,tasks} [options]   (-h after the name for options)"
+USAGE = (
+    "usage: python -m bench {locks,profile,renewals,tasks} [options]"
+    "   (-h after the name for options)"
+)
 
 
 def main(argv: list[str]) -> int:
@@ -20,6 +23,10 @@ def main(argv: list[str]) -> int:
         from .profile import main as run_profile
 
         return run_profile(rest)
+    if name == "renewals":
+        from .renewals import main as run_renewals
+
+        return run_renewals(rest)
     if name == "tasks":
         from .tasks import main as run_tasks
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import signals
 from .errors import (
+    AlreadyHeld,
     AlreadyQueued,
     ConfigurationError,
     LockContended,
@@ -21,6 +22,7 @@ from .task import RedlockTask, redlock_task
 
 __all__ = [
     "SKIPPED",
+    "AlreadyHeld",
     "AlreadyQueued",
     "ConfigurationError",
     "HolderInfo",

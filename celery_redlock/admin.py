@@ -147,7 +147,9 @@ class LockQueries(LockRules):
         goes, so on nodes shared with other data pass the locks' prefix (the
         Celery integration's keys start with ``redlock_key_prefix``).
         ``QuorumUnavailable`` when fewer than a quorum of nodes could be cleared."""
-        return clear_matching(self._nodes.nodes, clear_match(match), self.quorum)
+        match = clear_match(match)
+        self._forget_held(match=match)
+        return clear_matching(self._nodes.nodes, match, self.quorum)
 
     def _owned_lease(self, lease: Lease) -> bool:
         return self._drive(self._owned_steps(lease))

@@ -8,7 +8,8 @@ redlock_ttl=60)``). Both are read once, validated with errors that name the sett
 what it accepts, and cached: the app's on the app (as celery-redbeat does), a task's on
 the task. Each option's default, unit and check is declared in options.py.
 
-Imports options.py, redlock.py and errors.py; never talks to Redis itself.
+Imports options.py, redlock.py, sentinel.py (the default node of a Sentinel broker)
+and errors.py; never talks to Redis itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .options import (
     task_options,
 )
 from .redlock import Redlock
+from .sentinel import default_url, is_sentinel_url
 
 __all__ = ["DEFAULTS", "TASK_OPTIONS", "AppConfig", "TaskOptions", "app_config", "reset"]
 
@@ -38,8 +40,14 @@ def _nodes(conf: Any) -> tuple[str, ...]:
         return nodes_checked
     broker = conf.get("broker_url") or ""
     if isinstance(broker, (list, tuple)):
-        broker = broker[0] if broker else ""
-    broker = str(broker).split(";")[0].strip()
+        broker = ";".join(str(url) for url in broker)
+    broker = str(broker)
+    if is_sentinel_url(broker):
+        # kombu's Sentinel transport: every ';' part a Sentinel, the master's name in
+        # broker_transport_options; the lock node is that master.
+        options = conf.get("broker_transport_options") or {}
+        return (default_url(broker, options),)
+    broker = broker.split(";")[0].strip()  # failover alternates are not lock nodes
     if broker.startswith(("redis://", "rediss://", "unix://")):
         return (broker,)
     shown = broker.split("://")[0] + "://..." if "://" in broker else repr(broker)

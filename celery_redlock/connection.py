@@ -101,7 +101,7 @@ class Endpoint(Protocol):
     def handshake(self) -> tuple[bytes, tuple[int, ...]]: ...  # see ``handshake()``
 
     def forget_address(self) -> None:
-        """The address was refused: resolve it again next time."""
+        """The address was refused, or answered READONLY: resolve it again next time."""
 
 
 def handshake(
@@ -137,6 +137,7 @@ class Connection:
         "out",
         "pending",
         "sock",
+        "sockaddr",
         "state",
         "tls_wants_write",
     )
@@ -155,6 +156,7 @@ class Connection:
         self.pending: list[bytes] = []  # commands queued before the connection is ready
         self.behind_since: Optional[float] = None  # owing stale replies, without a break
         self.tls_wants_write = False  # what a TLS handshake in progress waits for
+        self.sockaddr = sockaddr  # where it goes (a Sentinel-managed master may move)
         sock = unpatched.socket_class()(family, socket.SOCK_STREAM)  # never cooperative
         self.sock: Optional[socket.socket] = sock
         sock.setblocking(False)
@@ -415,6 +417,9 @@ class Connection:
             if reply is INCOMPLETE:
                 break
             tag = self.expect.popleft()
+            if isinstance(reply, rexc.ReadOnlyError):
+                # A replica now (a failover demoted it): find the master again.
+                self.node.forget_address()
             if tag == _RESULT:
                 self.commands.popleft()
                 results.append(reply)

@@ -9,6 +9,8 @@
      |                                (names the task and the argument)
      +-- LockContended                another holder has the lock (holder, ttl)
      |    +-- AlreadyQueued           a copy of the task is already queued (task_id)
+     +-- AlreadyHeld                  this execution holds the key already (no
+     |                                reentrant=True): raised at once, never waited on
      +-- LockLost                     a lease we held is no longer guaranteed
      +-- QuorumUnavailable            too few nodes answered (per-node errors)
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 __all__ = [
+    "AlreadyHeld",
     "AlreadyQueued",
     "ConfigurationError",
     "LockContended",
@@ -78,6 +81,22 @@ class AlreadyQueued(LockContended):
 
     def __str__(self) -> str:
         return f"a copy of this task is already queued under {self.key!r} (task {self.task_id})"
+
+
+class AlreadyHeld(RedlockError):
+    """This execution (the thread; in Celery, the task run) already holds ``key`` and
+    asked for it again without ``reentrant=True``: it would wait for itself."""
+
+    def __init__(self, key: str, execution: str = "") -> None:
+        super().__init__(key, execution)
+        self.key = key
+        self.execution = execution
+
+    def __str__(self) -> str:
+        return (
+            f"lock {self.key!r} is already held by this execution ({self.execution}); "
+            "release it first, or acquire with reentrant=True to count one more hold"
+        )
 
 
 class LockLost(RedlockError):

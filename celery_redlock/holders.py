@@ -3,9 +3,10 @@
 A lock key holds ``<token>|<holder>``: 20 random url-safe bytes (never a ``|``), then
 who took it (``task-id@worker:pid``, by default ``hostname:pid``), so contention can
 say who holds the lock. Beside each lock key, under the same prefix, live the lock's
-own keys: a release's tombstone and the key's fence counter, told apart from lock
-keys by a NUL that lock keys may not contain. ``NodeHolding`` and ``HolderInfo`` say
-what the nodes hold for a key, and whether a quorum agrees.
+own keys: a release's tombstone, the key's fence counter and a reentrant lease's
+holds, told apart from lock keys by a NUL that lock keys may not contain.
+``NodeHolding`` and ``HolderInfo`` say what the nodes hold for a key, and whether a
+quorum agrees.
 
 Plain data and string handling: must not import the round, nodes, redlock.py or
 Celery.
@@ -21,6 +22,7 @@ from typing import Optional
 
 __all__ = [
     "FENCE",
+    "FIRST_HOLD",
     "INTERNAL",
     "TOMBSTONE",
     "HolderInfo",
@@ -29,6 +31,7 @@ __all__ = [
     "fence_counter",
     "is_lock_key",
     "read_holding",
+    "reentry_holds",
     "split_value",
     "tombstone",
 ]
@@ -47,6 +50,18 @@ FENCE = INTERNAL + "fence"
 def tombstone(key: str, value: str) -> str:
     """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
     return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
+
+
+#: The hold a plain acquire took, named when its lease is first re-acquired.
+FIRST_HOLD = "0"
+#: Marks the set of a reentrant lease's holds: ``<key>\0holds\0<token>``.
+HOLDS = INTERNAL + "holds" + INTERNAL
+
+
+def reentry_holds(key: str, value: str) -> str:
+    """Where the nodes count the holds of ``value`` on ``key`` (reentrancy): one set
+    per value, so a stale set can never count for the next holder."""
+    return f"{key}{HOLDS}{value.partition('|')[0]}"
 
 
 def fence_counter(key: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 from . import validate
 from .background import in_hub, new_rlock
 from .errors import LockLost
+from .holders import FIRST_HOLD
 
 __all__ = ["Duration", "Extension", "Lease", "LeaseOwner"]
 
@@ -96,6 +97,10 @@ class Lease:
         self._on_extended: list[Callable[[Lease], Any]] = []
         self._lost_fired = False
         self._lock = new_rlock()  # an original lock: the watchdog's OS thread takes it
+        #: Reentrancy (reentry.py): this lease's hold of its value once the value was
+        #: re-acquired (None: a plain lease), and the execution that won it.
+        self.hold: Optional[str] = None
+        self.execution: Optional[str] = None
 
     def __repr__(self) -> str:
         state = "released" if self._released else f"validity={self.validity:.3f}s"
@@ -108,6 +113,11 @@ class Lease:
         if self._released or self._lost_reason is not None:
             return 0.0
         return self._deadline - self._clock()
+
+    @property
+    def owner(self) -> LeaseOwner:
+        """The lock that granted the lease: its rounds go through it."""
+        return self._owner
 
     @property
     def deadline(self) -> float:
@@ -168,6 +178,14 @@ class Lease:
         if callbacks:
             in_hub(lambda: self._run(callbacks, "lock_lost"))
 
+    def count_holds(self) -> None:
+        """The value is being re-acquired (reentrancy): from now on this lease's
+        extends and release count as its first hold. Waits for an extension round in
+        flight, so none of the plain kind is sent after this."""
+        with self._lock:
+            if self.hold is None:
+                self.hold = FIRST_HOLD
+
     def extend(self, ttl: Optional[Duration] = None) -> bool:
         """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
 
@@ -182,11 +200,33 @@ class Lease:
         watchdog does).
         """
         new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        with self._lock:
-            if self._released or self._lost_reason is not None:
-                return False
+        if not self._hold_for_extension():
+            return False
+        try:
             outcome = self._owner._extend_lease(self, new_ttl)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._finish_extension(outcome)
+
+    def _hold_for_extension(self) -> bool:
+        """Take the lease's lock for an extension round (``extend``'s, or a batch the
+        watchdog runs for many leases), so that no other extension or release of it
+        interleaves. False, and the lock not kept, when released or lost already;
+        otherwise ``_finish_extension`` must follow."""
+        self._lock.acquire()
+        if self._released or self._lost_reason is not None:
+            self._lock.release()
+            return False
+        return True
+
+    def _finish_extension(self, outcome: Extension) -> bool:
+        """Record the round's ``outcome``, let go of the lock ``_hold_for_extension``
+        took, then mark the lease lost or run its ``on_extended`` callbacks."""
+        try:
             callbacks = self._record(outcome)
+        finally:
+            self._lock.release()
         return self._announce(outcome, callbacks)
 
     def _record(self, outcome: Extension) -> list[Callable[[Lease], Any]]:

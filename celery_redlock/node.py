@@ -1,16 +1,20 @@
 """One Redis master: where it is, how to greet it, and its idle connections.
 
-``Node`` turns a URL (``redis://``, ``rediss://``, ``unix://``) or a ``redis.Redis``
-client into what a connection needs: the address (resolved once, again after a
-refusal), the TLS context built exactly as redis-py's ``SSLConnection`` would, and
-the handshake bytes. It keeps the idle connections between rounds (``checkout`` /
-``checkin``; a connection found out of step is closed, never reused; ``finish`` lets
-the finisher thread read one that still owes replies, taking it out of the pool
-meanwhile so that one thread at a time reads it) and a plain redis-py client for
-inspection (holder, doctor, CLI), which lock operations never use.
+``Node`` turns a URL (``redis://``, ``rediss://``, ``unix://``, or ``sentinel://``
+naming Sentinels and a master name, see sentinel.py) or a ``redis.Redis`` client into
+what a connection needs: the address (resolved once, again after a refusal; for a
+Sentinel-managed master, asked of the Sentinels at connect and again after a refusal
+or a READONLY reply, the connections to the old address dropped), the TLS context
+built exactly as redis-py's ``SSLConnection`` would, and the handshake bytes. It
+keeps the idle connections between rounds (``checkout`` / ``checkin``; a connection
+found out of step is closed, never reused; ``finish`` lets the finisher thread read
+one that still owes replies, taking it out of the pool meanwhile so that one thread
+at a time reads it) and a plain redis-py client for inspection (holder, doctor, CLI),
+which lock operations never use.
 
 Fork safety is the caller's: ``reset`` drops the connections (nodes.py calls it in a
-forked child). Must not import nodes.py, redlock.py or Celery.
+forked child). Imports connection.py, sentinel.py, unpatched.py and errors.py; must
+not import nodes.py, redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -30,22 +34,38 @@ from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_ur
 from . import unpatched
 from .connection import MIN_OWED_AGE, READY, Connection, handshake
 from .errors import ConfigurationError
+from .sentinel import SentinelSpec, discover, is_sentinel_url, master_client, parse_sentinel_url
 
-__all__ = ["Node", "redact"]
+__all__ = ["DISCOVERY_BUDGET", "Node", "redact"]
+
+#: Seconds a connect made outside a round may spend asking the Sentinels (a round
+#: gives them its own deadline instead).
+DISCOVERY_BUDGET: Final = 1.0
 
 
 _ACCEPTED_URLS: Final = (
     "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
-    "(TLS) or unix:///path/to/socket[?db=N]"
+    "(TLS), unix:///path/to/socket[?db=N] or "
+    "sentinel://[[user]:password@]host[:port][/db][;sentinel://...]?master_name=NAME"
 )
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for errors and logs)."""
-    return re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+    """``url`` with its passwords replaced by ``***`` (for errors and logs)."""
+    url = re.sub(r"(//[^/@]*?:)[^/@]*@", r"\1***@", url)
+    return re.sub(r"([?&]sentinel_password=)[^&;]*", r"\1***", url)
 
 
 def _node_kwargs(spec: object, index: int) -> dict[str, Any]:
+    if is_sentinel_url(spec):
+        assert isinstance(spec, str)
+        sentinel = parse_sentinel_url(spec, index, redact(spec))
+        return {
+            "sentinel": sentinel,
+            "db": sentinel.db,
+            "username": sentinel.username,
+            "password": sentinel.password,
+        }
     if isinstance(spec, str):
         shown = redact(spec)
         try:
@@ -80,6 +100,8 @@ class Node:
 
     def __init__(self, spec: object, index: int = 0, name: Optional[str] = None) -> None:
         kwargs = _node_kwargs(spec, index)
+        #: The Sentinels that know where this master is (None: a fixed address).
+        self.sentinel: Optional[SentinelSpec] = kwargs.pop("sentinel", None)
         self._kwargs = kwargs
         self.path: Optional[str] = kwargs.get("path")
         self.host: str = kwargs.get("host") or "localhost"
@@ -89,7 +111,9 @@ class Node:
         self.tls = isinstance(cls, type) and issubclass(cls, SSLConnection)
         if cls is not None and issubclass(cls, UnixDomainSocketConnection):
             self.path = self.path or kwargs.get("path")
-        if self.path:
+        if self.sentinel is not None:
+            self.address = self.sentinel.address
+        elif self.path:
             self.address = f"unix:{self.path}/{self.db}"
         else:
             self.address = f"{self.host}:{self.port}/{self.db}"
@@ -108,6 +132,8 @@ class Node:
     @property
     def identity(self) -> tuple[str, ...]:
         """What makes two entries the same server (for the duplicate check)."""
+        if self.sentinel is not None:
+            return self.sentinel.identity
         if self.path:
             return ("unix", os.path.realpath(self.path))
         host = self.host.lower()
@@ -126,6 +152,8 @@ class Node:
         if self._client is None:
             if self._given_client is not None:
                 self._client = self._given_client
+            elif self.sentinel is not None:
+                self._client = master_client(self.sentinel)
             else:
                 kwargs = {k: v for k, v in self._kwargs.items() if k != "connection_class"}
                 pool = redis.ConnectionPool(
@@ -137,52 +165,78 @@ class Node:
                 self._client = redis.Redis(connection_pool=pool)
         return self._client
 
-    def _resolve(self) -> tuple[int, Any]:
+    def _resolve(self, budget: float) -> tuple[int, Any]:
         if self.path:
             return socket.AF_UNIX, self.path
-        if self._sockaddr is None:
+        found = self._sockaddr
+        if found is None:
+            host, port = self.host, self.port
+            if self.sentinel is not None:
+                # Raises redis.ConnectionError saying what each Sentinel answered.
+                host, port = discover(self.sentinel, budget)
             # Resolved once and cached: getaddrinfo blocks, and for an IP literal
             # or /etc/hosts name it is instant anyway.
-            infos = unpatched.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            infos = unpatched.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             family, _, _, _, sockaddr = infos[0]
-            self._sockaddr = (family, sockaddr)
-        return self._sockaddr
+            found = self._sockaddr = (family, sockaddr)
+        return found
 
     def forget_address(self) -> None:
-        """Resolve the host again on the next connect (it may have moved)."""
+        """Resolve the host again on the next connect (it may have moved): after a
+        refusal, or a READONLY reply (a master demoted to replica by a failover)."""
         if not self.path:
             self._sockaddr = None
 
-    def connect(self, now: float) -> Connection:
-        """A new connection being set up. Raises ``redis.ConnectionError``."""
+    def _moved(self, conn: Connection) -> bool:
+        """A Sentinel-managed master's connection to where the master no longer is."""
+        if self.sentinel is None:
+            return False
+        current = self._sockaddr
+        return current is None or conn.sockaddr != current[1]
+
+    def connect(self, now: float, budget: float = DISCOVERY_BUDGET) -> Connection:
+        """A new connection being set up. Raises ``redis.ConnectionError``.
+
+        ``budget``: seconds the Sentinels may take to name the master, when that
+        must be asked first (a round passes what is left of its deadline).
+        """
         try:
-            family, sockaddr = self._resolve()
+            family, sockaddr = self._resolve(budget)
         except OSError as exc:
             raise rexc.ConnectionError(f"{self.address}: cannot resolve host: {exc}") from None
         return Connection(self, family, sockaddr, now)
 
     def checkout(
-        self, connect: bool, now: float, owed_age: float = MIN_OWED_AGE
+        self,
+        connect: bool,
+        now: float,
+        owed_age: float = MIN_OWED_AGE,
+        budget: float = DISCOVERY_BUDGET,
     ) -> Optional[Connection]:
         """An idle connection, or a new one being set up (``None`` when ``connect`` is
-        false and there is no idle one). Raises ``redis.ConnectionError``."""
+        false and there is no idle one). Raises ``redis.ConnectionError``.
+
+        ``budget``: see ``connect``."""
         idle = self._idle
         while True:
             try:
                 conn = idle.pop()  # deque.pop / append are atomic: no lock needed
             except IndexError:
                 break
-            if not conn.expect and conn.state == READY:
+            if self._moved(conn):
+                conn.close()
+            elif not conn.expect and conn.state == READY:
                 return conn  # in step, nothing owed: the usual case
-            if conn.usable(now, owed_age):
+            elif conn.usable(now, owed_age):
                 return conn
-            conn.close()
-        return self.connect(now) if connect else None
+            else:
+                conn.close()
+        return self.connect(now, budget) if connect else None
 
     def checkin(self, conn: Connection, now: float, deliver: bool = False) -> bool:
         """Take back a connection after a round: in step, or closed. True when it
         still owes replies (see ``finish_owed``). ``deliver``: see ``Connection.park``."""
-        if conn.park(now, deliver):
+        if conn.park(now, deliver) and not self._moved(conn):
             self._idle.append(conn)
             return conn.owes
         conn.close()
@@ -208,8 +262,8 @@ class Node:
         if not conn.finish(now, owed_age):
             conn.close()
             return False
-        if self._idle is not idle:
-            conn.close()  # reset meanwhile (close, fork): not ours to keep
+        if self._idle is not idle or self._moved(conn):
+            conn.close()  # reset meanwhile (close, fork), or the master moved
             return False
         idle.append(conn)
         return conn.owes

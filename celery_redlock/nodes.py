@@ -30,7 +30,7 @@ import math
 import os
 import select
 import time
-from typing import Callable, Final, Optional, Sequence
+from typing import Callable, Final, NamedTuple, Optional, Protocol, Sequence
 
 from redis import exceptions as rexc
 
@@ -39,9 +39,9 @@ from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .errors import ConfigurationError
 from .node import Node
 from .resp import Command, pack
-from .round import AWAITED, NOT_AWAITED, Round
+from .round import NOT_AWAITED, Batch, Round
 
-__all__ = ["NOT_AWAITED", "Command", "Node", "NodeSet", "pack"]
+__all__ = ["NOT_AWAITED", "Batch", "Command", "Node", "NodeSet", "pack"]
 
 _POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
@@ -57,6 +57,28 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Tally(Protocol):
+    """What the driver tells a tally and asks of it (``Round`` and ``Batch``)."""
+
+    @property
+    def decided(self) -> bool: ...
+    @property
+    def awaited(self) -> list[int]: ...
+    def awaiting(self, node: int) -> bool: ...
+    def failed(self, node: int, error: BaseException) -> None: ...
+    def deadline_passed(self, names: Sequence[str], timeout: float) -> None: ...
+
+
+class _Driven(NamedTuple):
+    """A tally and how its replies map back to commands."""
+
+    tally: _Tally
+    #: Tell the tally of node i's next reply; the command to send again as EVAL, if any.
+    resend: Callable[[int, object], Optional[Command]]
+    #: The commands node i still owes replies to, in order (sent again on reconnect).
+    unanswered: Callable[[int], Sequence[Command]]
 
 
 def _as_redis_error(exc: BaseException, address: str) -> BaseException:
@@ -157,26 +179,61 @@ class NodeSet:
         resent as EVAL. Without it, a command not yet sent when the round ends is
         dropped (an acquire's SET must not land later).
         """
-        self._check_fork()
         tally = Round(len(self.nodes), is_yes, enough_yes, enough_no)
+
+        def resend(i: int, reply: object) -> Optional[Command]:
+            return command if tally.replied(i, reply) else None
+
+        self._drive(
+            (command,), _Driven(tally, resend, lambda i: (command,)), timeout, wait, deliver
+        )
+        return tally.finish()
+
+    def batch_round(self, commands: Sequence[Command], tally: Batch, timeout: float) -> None:
+        """Send every one of ``commands`` to every node, pipelined, in one round.
+
+        ``tally`` (a ``Batch`` made for these commands, in this order) is told of each
+        reply, failure and the deadline, as in ``round``: the round stops once every
+        item of the batch is decided, every node has answered every command, or at
+        ``timeout`` seconds. Read the outcome with ``tally.finish()``. A command not
+        yet sent when the round ends is dropped (an extension need not land late).
+        """
+
+        def resend(i: int, reply: object) -> Optional[Command]:
+            again = tally.replied(i, reply)
+            return None if again is None else commands[again]
+
+        def unanswered(i: int) -> list[Command]:
+            return [commands[c] for c in tally.unanswered(i)]
+
+        self._drive(commands, _Driven(tally, resend, unanswered), timeout, True, False)
+
+    def _drive(
+        self,
+        commands: Sequence[Command],
+        driven: _Driven,
+        timeout: float,
+        wait: bool,
+        deliver: bool,
+    ) -> None:
+        """One round of ``commands`` to every node: send, collect, check back in."""
+        self._check_fork()
+        tally = driven.tally
         now = self._clock()
         if wait and timeout > 0:
             age = owed_age(timeout)
             if age > self._owed_age:
                 self._owed_age = age
-        conns = self._send_all(command, tally, now, timeout, wait)
-        timed_out = wait and self._collect(command, conns, tally, now + timeout)
+        conns = self._send_all(commands, tally, now, timeout, wait)
+        timed_out = wait and self._collect(driven, conns, now + timeout)
+        late = tally.awaited if timed_out else ()
         if timed_out:
             tally.deadline_passed([node.address for node in self.nodes], timeout)
         owing = False
         for i, (node, conn) in enumerate(zip(self.nodes, conns)):
             if conn is None:
                 continue
-            if (
-                timed_out
-                and isinstance(tally.results[i], rexc.TimeoutError)
-                and conn.behind_for(now) > self._owed_age
-            ):
+            if i in late and conn.behind_for(now) > self._owed_age:
                 # Behind for long and no answer in time: out of step (requests lost
                 # on the way) or slower than the deadline for long. Start afresh.
                 conn.close()
@@ -184,29 +241,33 @@ class NodeSet:
                 owing = True
         if owing:
             finisher.note(self)
-        return tally.finish()
 
     def _send_all(
-        self, command: Command, tally: Round, now: float, timeout: float, wait: bool
+        self, commands: Sequence[Command], tally: _Tally, now: float, timeout: float, wait: bool
     ) -> list[Optional[Connection]]:
-        """Write ``command`` to every node; the connection each one is awaited on."""
+        """Write ``commands`` to every node; the connection each one is awaited on."""
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         for i, node in enumerate(self.nodes):
             try:
-                conn = node.checkout(wait, now, self._owed_age)
+                # What is left of the round's deadline, for a master's address to be
+                # asked of its Sentinels (node.py).
+                budget = max(0.0, now + timeout - self._clock())
+                conn = node.checkout(wait, now, self._owed_age, budget)
                 if conn is None:
                     continue
                 conns[i] = conn
                 try:
-                    conn.send(command.payload, command, now)
+                    for command in commands:
+                        conn.send(command.payload, command, now)
                 except rexc.ConnectionError:
                     if conn.born == now or not wait:
                         raise
                     # A pooled connection the node dropped (restart, idle timeout):
                     # once more on a fresh one, within the same round.
                     conn.close()
-                    conns[i] = conn = node.connect(now)
-                    conn.send(command.payload, command, now)
+                    conns[i] = conn = node.connect(now, budget)
+                    for command in commands:
+                        conn.send(command.payload, command, now)
             except (rexc.RedisError, OSError) as exc:
                 tally.failed(i, _as_redis_error(exc, node.address))
                 failed = conns[i]
@@ -215,14 +276,9 @@ class NodeSet:
                     conns[i] = None
         return conns
 
-    def _collect(
-        self,
-        command: Command,
-        conns: list[Optional[Connection]],
-        tally: Round,
-        deadline: float,
-    ) -> bool:
+    def _collect(self, driven: _Driven, conns: list[Optional[Connection]], deadline: float) -> bool:
         """Read replies until decided (False) or the deadline passed (True)."""
+        tally = driven.tally
         started = self._clock()
         poller = unpatched.poll()
         by_fd: dict[int, int] = {}
@@ -231,7 +287,6 @@ class NodeSet:
                 fd = conn.fileno()
                 by_fd[fd] = i
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
-        results = tally.results
         final = False
         while by_fd and not tally.decided and not final:
             remaining = deadline - self._clock()
@@ -252,16 +307,18 @@ class NodeSet:
                     poller.unregister(fd)
                     del by_fd[fd]
                     conn.close()
-                    fresh = self._reconnect(command, conn, exc, started, i, tally)
+                    budget = max(0.0, deadline - self._clock())
+                    fresh = self._reconnect(driven, conn, exc, started, i, budget)
                     if fresh is not None:
                         conns[i] = fresh
                         by_fd[fresh.fileno()] = i
                         poller.register(fresh.fileno(), _POLLIN | _POLLOUT)
                     continue
                 for reply in replies:
-                    if tally.replied(i, reply):  # the node forgot our scripts
-                        conn.send(command.fallback(), command, self._clock())
-                if results[i] is not AWAITED:
+                    again = driven.resend(i, reply)
+                    if again is not None:  # the node forgot our scripts
+                        conn.send(again.fallback(), again, self._clock())
+                if not tally.awaiting(i):
                     poller.unregister(fd)
                     del by_fd[fd]
                 elif conn.sock is not None:
@@ -270,25 +327,27 @@ class NodeSet:
 
     def _reconnect(
         self,
-        command: Command,
+        driven: _Driven,
         conn: Connection,
         exc: BaseException,
         started: float,
         i: int,
-        tally: Round,
+        budget: float,
     ) -> Optional[Connection]:
         """Node ``i``'s connection failed mid-round: a fresh one that was sent the
-        command, or None when the node has failed this round (``tally`` is told)."""
+        commands still unanswered, or None when the node has failed this round (the
+        tally is told). ``budget``: seconds left of the round (see ``Node.connect``)."""
         if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
             # A pooled connection the node had dropped (restart, idle timeout): once
             # more on a fresh one, within this round. The scripts are idempotent for
             # our own value, so a resend is safe.
             try:
-                fresh = self.nodes[i].connect(started)
-                fresh.send(command.payload, command, started)
+                fresh = self.nodes[i].connect(started, budget)
+                for command in driven.unanswered(i):
+                    fresh.send(command.payload, command, started)
             except rexc.RedisError as again:
                 exc = again
             else:
                 return fresh
-        tally.failed(i, _as_redis_error(exc, self.nodes[i].address))
+        driven.tally.failed(i, _as_redis_error(exc, self.nodes[i].address))
         return None

@@ -25,20 +25,23 @@ Imports validate.py and errors.py only (no Celery, no Redis).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Iterable, Literal, Optional, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Union
 
 from . import validate
 from .errors import ConfigurationError
 
 __all__ = [
+    "CALL_OPTIONS",
     "DEFAULTS",
+    "ONCE_OPTIONS",
     "OPTIONS",
     "TASK_OPTIONS",
     "Option",
     "TaskAttribute",
     "TaskOptions",
+    "call_options",
     "check_setting_names",
     "check_task_names",
     "readme_table",
@@ -83,9 +86,10 @@ OPTIONS: tuple[Option, ...] = (
         None,
         validate.node_list,
         "app",
-        "list of Redis URLs (`redis://`, `rediss://`, `unix://`), one per independent "
-        "master; a comma-separated string is accepted too",
-        default_doc="the broker URL, if it is Redis",
+        "list of Redis URLs (`redis://`, `rediss://`, `unix://`, or `sentinel://` "
+        "naming Sentinels and `?master_name=`), one per independent master; a "
+        "comma-separated string is accepted too",
+        default_doc="the broker URL, if it is Redis or Sentinel",
     ),
     Option("redlock_key_prefix", "redlock", validate.key_prefix, "app", "prefix of every lock key"),
     Option(
@@ -284,6 +288,80 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
             f"redlock_retry_backoff ({options.retry_backoff}s)"
         )
     return options
+
+
+#: The task options one call may override: ``apply_async(..., redlock={"on_queued":
+#: "raise"})`` (keys: the names without ``redlock_``).
+CALL_OPTIONS: tuple[str, ...] = ("redlock_on_queued", "redlock_queued_ttl", "redlock_dedupe_queued")
+
+#: celery-once's per-call ``apply_async(once={...})`` keys we accept, with their
+#: meaning here. A call that passes ``once=`` is a queue-once call (as every call of a
+#: celery-once task is): ``dedupe_queued`` is on for it.
+ONCE_OPTIONS: dict[str, str] = {
+    "graceful": 'True: on_queued="return" (the queued copy\'s AsyncResult, where '
+    'celery-once returns an empty REJECTED result); False: on_queued="raise"',
+    "timeout": "queued_ttl, seconds",
+}
+#: celery-once keys that are task-level there (its ``once`` class attribute, never read
+#: per call): what to use here instead.
+ONCE_TASK_LEVEL = {
+    "keys": "the task option redlock_key=[argument names]",
+    "unlock_before_run": "nothing: the queue place is always handed back when the task "
+    "starts (celery-once's unlock_before_run=True), and the run-time lock covers the run",
+}
+
+
+def call_options(options: TaskOptions, redlock: Any = None, once: Any = None) -> TaskOptions:
+    """``options`` with one call's overrides: ``apply_async(redlock={...})``, or
+    celery-once's ``apply_async(once={...})`` (see ONCE_OPTIONS). Raises
+    ConfigurationError naming the bad key or value and what is accepted."""
+    if redlock is not None and once is not None:
+        raise ConfigurationError(
+            "apply_async takes redlock={...} or celery-once's once={...}, not both; "
+            "put everything in redlock={...}"
+        )
+    if redlock is not None:
+        accepted = {BY_NAME[name].field: name for name in CALL_OPTIONS}
+        values = _call_mapping("redlock", redlock, accepted)
+        return replace(
+            options,
+            **{
+                field: checked(accepted[field], value, shown_as=f"redlock[{field!r}]")
+                for field, value in values.items()
+            },
+        )
+    if once is None:
+        return options
+    for name in once if isinstance(once, Mapping) else ():
+        if name in ONCE_TASK_LEVEL:
+            raise ConfigurationError(
+                f"once[{name!r}] is a task-level option in celery-once, never read per "
+                f"call; use {ONCE_TASK_LEVEL[name]}"
+            )
+    overrides: dict[str, Any] = {"dedupe_queued": True}
+    for name, value in _call_mapping("once", once, ONCE_OPTIONS).items():
+        if name == "graceful":
+            graceful = validate.flag("once['graceful']", value)
+            overrides["on_queued"] = "return" if graceful else "raise"
+        else:
+            overrides["queued_ttl"] = _seconds("once['timeout']", value)
+    return replace(options, **overrides)
+
+
+def _call_mapping(argument: str, value: Any, accepted: Mapping[str, Any]) -> dict[str, Any]:
+    """A per-call options dict, its keys among ``accepted``."""
+    names = ", ".join(repr(name) for name in accepted)
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"apply_async({argument}=...) must be a dict with keys among {names}, "
+            f"got {type(value).__name__}: {value!r}"
+        )
+    for key in value:
+        if key not in accepted:
+            raise ConfigurationError(
+                f"apply_async({argument}=...): unknown option {key!r}; accepted: {names}"
+            )
+    return dict(value)
 
 
 def as_settings(options: TaskOptions) -> dict[str, Any]:

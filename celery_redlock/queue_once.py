@@ -3,10 +3,13 @@
 With ``redlock_dedupe_queued=True``, ``delay`` / ``apply_async`` (and beat, which
 calls them) first take a "queued" lock, the run-time lock key plus ``:queued``,
 holding the new task id, and send the message with the lock's value in the
-``redlock_queued`` header. A duplicate enqueue publishes nothing and gets the queued
-copy's ``AsyncResult`` back (or ``AlreadyQueued``). The queued copy hands its place
-back when it wins its run-time lock, when it is skipped or failed, and when it is
-revoked; a lost message frees it after ``redlock_queued_ttl``.
+``redlock_queued`` header. One call may override ``on_queued``, ``queued_ttl`` and
+``dedupe_queued`` with ``apply_async(..., redlock={...})``, or pass celery-once's
+``once={"graceful": ..., "timeout": ...}`` (see options.call_options). A duplicate
+enqueue publishes nothing and gets the queued copy's ``AsyncResult`` back (or
+``AlreadyQueued``). The queued copy hands its place back when it wins its run-time
+lock, when it is skipped or failed, and when it is revoked; a lost message frees it
+after ``redlock_queued_ttl``.
 
 A copy sent as part of a canvas (a chain step, a group or chord member, a call with
 ``link`` / ``link_error``) is always sent and takes no queue place: the canvas waits
@@ -16,7 +19,7 @@ lock still keeps it from running beside another copy.
 
 The functions take the RedlockTask as ``task`` (its ``redlock_options()``,
 ``lock_key()``, ``app``, ``request``): task.py calls them from its hooks. Imports
-config.py, contention.py, headers.py and errors.py; never task.py.
+config.py, options.py, contention.py, headers.py and errors.py; never task.py.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .config import TaskOptions, app_config
 from .contention import acquire_or_contended
 from .errors import AlreadyQueued, LockContended, QuorumUnavailable
 from .headers import QUEUED_HEADER, header
+from .options import call_options
 
 __all__ = ["QUEUED_SUFFIX", "QUEUE_PLACE_PATIENCE", "enqueue", "hand_back", "hand_back_revoked"]
 
@@ -52,12 +56,16 @@ def enqueue(
     options: dict[str, Any],
 ) -> Any:
     """``task.apply_async(...)``: ``send`` it (the base class's apply_async), unless
-    a copy with the same lock key is queued already."""
+    a copy with the same lock key is queued already. ``options`` may carry this call's
+    ``redlock={...}`` or celery-once's ``once={...}`` (options.call_options)."""
+    # Per-call options are ours: checked on every call, never sent with the message.
+    opts = call_options(
+        task.redlock_options(), options.pop("redlock", None), options.pop("once", None)
+    )
     headers = options.get("headers") or {}
     if QUEUED_HEADER in headers or task.app.conf.task_always_eager:
         # A retry of a queued copy keeps its place; eager runs are never queued.
         return send(args, kwargs, task_id=task_id, **options)
-    opts: TaskOptions = task.redlock_options()
     if not opts.dedupe_queued or any(options.get(name) for name in CANVAS_OPTIONS):
         return send(args, kwargs, task_id=task_id, **options)
     key = task.lock_key(args, kwargs) + QUEUED_SUFFIX
@@ -77,6 +85,7 @@ def enqueue(
         if opts.on_queued == "raise":
             raise AlreadyQueued(key, exc.holder, exc.ttl) from None
         return task.AsyncResult(exc.holder)
+    redlock.hand_over(lease)  # the message holds the place, not this thread
     options["headers"] = {**headers, QUEUED_HEADER: lease.value}
     try:
         return send(args, kwargs, task_id=task_id, **options)

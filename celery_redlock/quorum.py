@@ -9,12 +9,11 @@ with them. Must not import nodes.py, redlock.py, admin.py, asyncio or Celery.
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional, TypeVar, Union
 
-from . import scripts, validate
-from .errors import ConfigurationError, LockContended, LockLost, QuorumUnavailable
-from .holders import INTERNAL, tombstone
+from . import validate
+from .errors import ConfigurationError, LockLost
+from .holders import INTERNAL
 from .lease import Lease
 from .resp import Command
 
@@ -22,19 +21,17 @@ __all__ = [
     "CLOCK_PRECISION",
     "TOKEN_LENGTH",
     "Ask",
-    "Attempt",
     "Pause",
+    "Settle",
     "Steps",
     "clear_match",
     "drive",
     "is_answer",
-    "is_granted",
     "is_one",
     "judge_exit",
     "lease_value",
     "ms",
     "quorum",
-    "release_command",
     "token_argument",
 ]
 
@@ -59,17 +56,8 @@ def is_answer(reply: object) -> bool:
     return not isinstance(reply, BaseException)
 
 
-def is_granted(reply: object) -> bool:
-    return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
-
-
 def ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
-
-
-def release_command(key: str, value: str, ttl: float) -> Command:
-    """Compare-and-delete ``key`` if it holds ``value``; a tombstone for ``ttl`` s if absent."""
-    return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
 
 
 def token_argument(token: object) -> str:
@@ -148,9 +136,18 @@ class Pause(NamedTuple):
     seconds: float
 
 
-#: An operation written once for both drivers: yields rounds (sent their results)
-#: and pauses (sent ``[]``), returns its value.
-Steps = Generator[Union[Ask, Pause], list[object], T]
+class Settle(NamedTuple):
+    """Wait until no extension round of ``lease`` is in flight (before its holds are
+    counted: a plain EXTEND landing after a REENTER would shorten the key). The
+    synchronous driver has nothing to wait for: ``Lease.count_holds`` takes the
+    lease's lock, which an extension round holds."""
+
+    lease: Lease
+
+
+#: An operation written once for both drivers: yields rounds (sent their results),
+#: pauses and settles (sent ``[]``), returns its value.
+Steps = Generator[Union[Ask, Pause, Settle], list[object], T]
 
 
 def drive(
@@ -160,30 +157,11 @@ def drive(
     try:
         step = next(steps)
         while True:
-            if isinstance(step, Pause):
-                sleep(step.seconds)
-                step = steps.send([])
-            else:
+            if isinstance(step, Ask):
                 step = steps.send(round_trip(step))
+            else:
+                if isinstance(step, Pause):
+                    sleep(step.seconds)
+                step = steps.send([])
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
-
-
-@dataclass
-class Attempt:
-    """Why one acquire round failed, for the retry loop and the errors it raises."""
-
-    lease: Optional[Lease] = None
-    holder: Optional[str] = None
-    holder_ttl: Optional[float] = None
-    unavailable: Optional[QuorumUnavailable] = None
-
-    def outcome(self, key: str, contended: bool) -> Optional[Lease]:
-        """The lease; ``QuorumUnavailable`` when too few nodes answered; when not
-        won, ``None``, or ``LockContended`` (holder, its remaining TTL) if
-        ``contended``."""
-        if self.unavailable is not None:
-            raise self.unavailable
-        if self.lease is None and contended:
-            raise LockContended(key, self.holder, self.holder_ttl)
-        return self.lease

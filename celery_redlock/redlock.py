@@ -18,8 +18,10 @@ Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
 holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
 (``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
 replies read as True, False or ``QuorumUnavailable`` are admin.py; the steps of
-each operation, shared with the asyncio driver, are rules.py; talking to the
-nodes is nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
+each operation, shared with the asyncio driver, are rules.py (reentrancy's record
+reentry.py, refusals refusal.py, extension arithmetic extension.py, the watchdog's
+batched renewal renewals.py); talking to the nodes is nodes.py; the Lua is
+scripts.py. This module knows nothing about Celery and must not
 import it; lease.py, holders.py and watchdog.py must not import this module.
 """
 
@@ -46,7 +48,10 @@ from .holders import (
 )
 from .lease import Duration, Extension, Lease
 from .nodes import NodeSet
-from .quorum import CLOCK_PRECISION, Attempt, judge_exit, lease_value, quorum, release_command
+from .quorum import CLOCK_PRECISION, judge_exit, lease_value, quorum
+from .reentry import HeldLeases
+from .refusal import Attempt
+from .renewals import extend_batch
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
@@ -65,7 +70,6 @@ __all__ = [
     "fence_counter",
     "is_lock_key",
     "quorum",
-    "release_command",
     "tombstone",
 ]
 
@@ -113,6 +117,7 @@ class Redlock(LockQueries):
         self._clock = clock
         self._sleep = sleep
         self._nodes = NodeSet(nodes, clock=clock)
+        self._held = HeldLeases()  # which leases each execution (thread, task run) won
         self._count_nodes(len(self._nodes))
 
     def __repr__(self) -> str:
@@ -145,6 +150,8 @@ class Redlock(LockQueries):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Optional[Lease]:
         """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
 
@@ -160,8 +167,16 @@ class Redlock(LockQueries):
 
         Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
         because too few nodes answered, rather than because someone holds the key.
+
+        When this execution (this thread; in a Celery task, the task run) holds
+        ``key`` already: ``AlreadyHeld`` at once, or with ``reentrant=True`` one more
+        hold of the same lease, counted on the nodes (one round, no waiting; its
+        ``holder``/``token`` are the held lease's). Each hold is a Lease of its own
+        with the same token and fence, released on its own; the key goes with the
+        last hold. Its validity never reaches past the held lease's at the time.
         """
-        return self._acquire(key, ttl, blocking, timeout, holder, token).outcome(key, False)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        return attempt.outcome(key, False)
 
     def try_acquire(
         self,
@@ -171,10 +186,13 @@ class Redlock(LockQueries):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Lease:
         """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
         instead of returning ``None``."""
-        lease = self._acquire(key, ttl, blocking, timeout, holder, token).outcome(key, True)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        lease = attempt.outcome(key, True)
         assert lease is not None
         return lease
 
@@ -186,9 +204,12 @@ class Redlock(LockQueries):
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
+        reentrant: bool,
     ) -> Attempt:
         # The attempts, the waits between them and the checks are LockRules' (rules.py).
-        steps = self._acquire_steps(self, Lease, key, ttl, blocking, timeout, holder, token)
+        steps = self._acquire_steps(
+            self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
         return self._drive(steps)
 
     @contextmanager
@@ -200,6 +221,8 @@ class Redlock(LockQueries):
         blocking: bool = True,
         auto_extend: bool = False,
         holder: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Iterator[Lease]:
         """``with redlock.lock(key) as lease:`` -- hold ``key`` for the block.
 
@@ -213,7 +236,9 @@ class Redlock(LockQueries):
         reach a quorum; when the block raised, its exception propagates and a failed
         release is only logged.
         """
-        lease = self.try_acquire(key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder)
+        lease = self.try_acquire(
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
+        )
         watchdog = None
         if auto_extend:
             watchdog = get_watchdog()
@@ -255,8 +280,17 @@ class Redlock(LockQueries):
         """One extension round (see ``LockRules._extend_steps``)."""
         return self._drive(self._extend_steps(lease, ttl))
 
+    def _extend_leases(self, leases: Sequence[Lease]) -> list[Extension]:
+        """Extend each of ``leases`` (granted by this lock) by its own ttl, all in
+        one round; one outcome per lease, as ``_extend_lease`` would give it. The
+        watchdog's batched renewal (renewals.py)."""
+        return extend_batch(
+            self._nodes, leases, quorum=self.quorum, node_timeout=self.node_timeout,
+            margin=self._margin, clock=self._clock,
+        )  # fmt: skip
+
     def _release_lease(self, lease: Lease) -> bool:
-        return self._release(lease.key, lease.value, lease.ttl)
+        return self._drive(self._release_lease_steps(lease))
 
     def _release(self, key: str, value: str, ttl: float) -> bool:
         return self._drive(self._release_steps(key, value, ttl))

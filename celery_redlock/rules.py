@@ -3,22 +3,36 @@
 The synchronous lock (redlock.py, admin.py) and the asyncio one (asyncio/) differ
 only in how a round's I/O is done. Everything decided from a round's replies lives
 here once, in ``LockRules``, the base both lock classes share: the settings and
-their checks, the quorum and validity arithmetic, the commands, why an acquire was
-not won (contention or an outage), when an extension counts, how replies read as
-True, False or ``QuorumUnavailable``, and who holds a key.
+their checks, the steps of every operation (acquire, re-acquire, fence, extend,
+release, queries), and who holds a key. The pure pieces they use have their own
+rooms: quorum.py (arithmetic, reply predicates, argument checks, the step types),
+refusal.py (granted, or why not: ``Attempt``, ``why_not``), extension.py (what an
+extension asks for and what its replies mean), reentry.py (which execution holds
+which key; the commands of a re-acquired lease's holds).
 
-An operation of more than arithmetic is written as *steps*: a generator that yields
-an ``Ask`` (one round: the command, its deadline, when it is decided) and is sent
-that round's per-node results, then returns the operation's value. A driver runs
-the steps with its own I/O: ``drive`` here for a blocking round function, an
-``await`` per round in asyncio/. So the algorithm is written once, with no I/O::
+How an operation is written: *steps*, a generator that yields what it needs done
+and returns the operation's value. It yields
+
+- ``Ask``: one round -- the command to every node, its deadline, when it is decided
+  (``is_yes``, ``enough_yes``/``enough_no``), and an ``undo`` sent without waiting
+  if the round is abandoned (a cancelled asyncio acquire); it is sent the round's
+  per-node results, in node order (a reply, or a redis-py error);
+- ``Pause``: a wait (between acquire attempts); sent ``[]``;
+- ``Settle``: wait until no extension round of a lease is in flight; sent ``[]``.
+
+A driver runs the steps with its own I/O: ``quorum.drive`` for a blocking round
+function (admin.py's ``LockQueries._drive``), an ``await`` per round in
+asyncio/redlock.py's ``AsyncRedlock._drive``::
 
     results = yield Ask(command, self.node_timeout)   # sync: NodeSet.round(...)
 
-The pieces below the operations (quorum arithmetic, reply predicates, argument
-checks, ``Ask``/``Pause``/``Steps``/``drive``) are quorum.py's.
-Reads a clock (the lock's, injectable) but no sockets. Must not import nodes.py,
-redlock.py, admin.py, asyncio or Celery.
+Steps compose with ``yield from`` (an acquire is attempts, an attempt may be
+followed by its fence round), so a new operation -- e.g. a lock over several
+resources, one round per step asking every node for all of them -- is one more
+generator here, run unchanged by both drivers; a new kind of round (several
+commands per node) is a new field or step type here and one branch in each
+driver's ``_drive``. No sockets: reads the lock's clock (injectable) only. Must
+not import nodes.py, redlock.py, admin.py, asyncio or Celery.
 """
 
 from __future__ import annotations
@@ -31,7 +45,8 @@ from collections.abc import Sequence
 from typing import Callable, Optional, Protocol, TypeVar
 
 from . import scripts, validate
-from .errors import ConfigurationError, QuorumUnavailable
+from .errors import AlreadyHeld, ConfigurationError, QuorumUnavailable
+from .extension import extension_outcome, extension_ttl
 from .holders import (
     INTERNAL,
     HolderInfo,
@@ -39,25 +54,24 @@ from .holders import (
     default_holder,
     fence_counter,
     read_holding,
-    split_value,
     tombstone,
 )
 from .lease import Duration, Extension, Lease
 from .quorum import (
     CLOCK_PRECISION,
     Ask,
-    Attempt,
     Pause,
+    Settle,
     Steps,
     is_answer,
-    is_granted,
     is_one,
     lease_value,
     ms,
     quorum,
-    release_command,
     token_argument,
 )
+from .reentry import Reentry, extend_command, is_reentered, reenter_command, release_command
+from .refusal import Attempt, is_granted, why_not
 from .resp import Command
 from .round import NOT_AWAITED
 
@@ -76,7 +90,7 @@ class _Nodes(Protocol):
     def nodes(self) -> Sequence[_Addressed]: ...
 
 
-class LockRules:
+class LockRules(Reentry):
     """What ``Redlock`` and ``AsyncRedlock`` share: settings, checks, the steps of
     every operation, and how a round's replies read."""
 
@@ -154,9 +168,11 @@ class LockRules:
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
+        reentrant: bool,
     ) -> tuple[str, float, Optional[float], Optional[str], str]:
         """acquire's arguments, checked: key, lease ttl, timeout, token, holder."""
         key = validate.lock_key_name(key, reserved=INTERNAL)
+        validate.flag("reentrant", reentrant)
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         if lease_ttl <= self.node_timeout:
             raise ConfigurationError(
@@ -186,18 +202,31 @@ class LockRules:
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
+        reentrant: bool = False,
     ) -> Steps[Attempt]:
         """Attempts until won, or until ``blocking`` / ``timeout`` / ``retry_count``
         say to give up; between them a random wait, cut short when the holder's
-        lock expires sooner. The leases are ``lease_class(owner, ...)``."""
+        lock expires sooner. The leases are ``lease_class(owner, ...)``.
+
+        A key this execution holds already (``_held``): ``AlreadyHeld`` at once, or
+        with ``reentrant`` one more hold of its lease (``_reenter_steps``)."""
         key, lease_ttl, limit, token, who = self._acquire_arguments(
-            key, ttl, blocking, timeout, holder, token
+            key, ttl, blocking, timeout, holder, token, reentrant
         )
+        held = self._held.live(key)
+        if held is not None:
+            if not reentrant:
+                raise AlreadyHeld(key, self._held.execution())
+            attempt = yield from self._reenter_steps(owner, lease_class, held, lease_ttl)
+            if attempt.lease is not None:
+                self._held.add(attempt.lease)
+            return attempt
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
         while True:
             attempt = yield from self._attempt(owner, lease_class, key, lease_ttl, who, token)
             if attempt.lease is not None:
+                self._held.add(attempt.lease)
                 return attempt
             attempts += 1
             if not blocking:
@@ -278,74 +307,65 @@ class LockRules:
         return None
 
     def _why_not(self, key: str, results: list[object]) -> Attempt:
-        """Contention (someone holds the key) or an outage (too few nodes answered)?"""
-        count = len(results)
-        need = self.quorum
-        refusals = [r for r in results if isinstance(r, list) and len(r) == 2 and r[0] != 1]
-        errors = {
-            self._nodes.nodes[i].address: r
-            for i, r in enumerate(results)
-            if isinstance(r, BaseException)
-        }
-        if errors and len(refusals) <= count - need:
-            # The refusals alone did not rule out a quorum: the silent nodes did.
-            return Attempt(unavailable=QuorumUnavailable(key, errors, need))
-        holders = Counter(split_value(r[0])[1] or "unknown" for r in refusals)
-        holder = holders.most_common(1)[0][0] if holders else None
-        # The lock frees when enough refusing nodes expire to make a quorum with the
-        # others: that is the k-th shortest remaining TTL among the refusals.
-        ttls = sorted(int(r[1]) for r in refusals if isinstance(r[1], int) and r[1] >= 0)
-        missing = need - (count - len(refusals))
-        holder_ttl = None
-        if 0 < missing <= len(ttls):
-            holder_ttl = ttls[missing - 1] / 1000.0
-        elif not refusals:
-            holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
-        return Attempt(holder=holder, holder_ttl=holder_ttl)
+        """Contention or an outage? (refusal.py)"""
+        return why_not(key, results, [n.address for n in self._nodes.nodes], self.quorum)
+
+    def _reenter_steps(
+        self, owner: object, lease_class: Callable[..., Lease], held: Lease, ttl: float
+    ) -> Steps[Attempt]:
+        """One more hold of ``held``'s value (reentry.py): a new lease with ``held``'s
+        token and fence, its validity never beyond ``held``'s (which the other holds
+        keep up); or why not. One round, no retries."""
+        yield Settle(held)  # no extension of the plain kind may land after REENTER
+        held.count_holds()  # from now on its extends and release count holds too
+        hold = secrets.token_urlsafe(9)
+        started = self._clock()
+        command = reenter_command(held.key, held.value, hold, ttl)
+        undo = release_command(held.key, held.value, ttl, hold)
+        results = yield self._quorum_ask(command, is_reentered, self.node_timeout, undo=undo)
+        deadline = min(started + ttl - self._margin(ttl), held.deadline)
+        if sum(1 for r in results if is_reentered(r)) >= self.quorum and self._clock() < deadline:
+            lease = lease_class(
+                owner, self._clock, held.key, held.token, held.holder, ttl, started, deadline,
+                held.fence, self.max_hold,
+            )  # fmt: skip
+            lease.hold = hold
+            return Attempt(lease)
+        yield Ask(undo, 0.0, wait=False, deliver=True)
+        return self._why_not(held.key, results)
 
     # -- extend, release, queries -----------------------------------------------------
 
     def _extend_steps(self, lease: Lease, ttl: float) -> Steps[Extension]:
-        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
-
-        Extended when a majority extended it within its validity. Lost when a
-        majority refused (the key is not ours there any more) or when another round
-        could not finish a node_timeout before the deadline (so the loss is known
-        before the lease runs out). Otherwise -- slow, hung or unreachable nodes --
-        ``retry_by`` says until when another round is worth it.
-        """
+        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node (one
+        round; its holds too, once re-entered). What the round asks for and what its
+        replies mean: extension.py (shared with the watchdog's batched renewal)."""
         started = self._clock()
         deadline = lease.deadline
-        if deadline - started <= 0:
-            return Extension(reason="validity ran out before it was extended")
-        if lease.max_hold is not None:
-            left = lease.acquired_at + lease.max_hold - started
-            if left <= self._margin(ttl):
-                return Extension()  # at the bound: let it run out
-            ttl = min(ttl, left)
-        command = Command(scripts.EXTEND, [lease.key], [lease.value, ms(ttl)])
+        asked = extension_ttl(lease, ttl, started, self._margin)
+        if isinstance(asked, Extension):
+            return asked
+        command = extend_command(lease.key, lease.value, asked, lease.hold)
         timeout = min(self.node_timeout, deadline - started)
         results = yield self._quorum_ask(command, is_one, timeout)
-        finished = self._clock()
-        won = sum(1 for r in results if r == 1)
-        if won >= self.quorum and finished < deadline:
-            return Extension(deadline=started + ttl - self._margin(ttl))
-        errors = [r for r in results if isinstance(r, BaseException)]
-        detail = f" ({errors[0]})" if errors else ""
-        reason = f"extension reached {won} of {len(results)} nodes, needed {self.quorum}{detail}"
-        refused = sum(1 for r in results if r == 0)
-        # A retry round must end a node_timeout before the deadline, so that its
-        # failure, too, is known while the lease is still valid.
-        retry_by = deadline - self._margin(ttl) - 2 * self.node_timeout
-        if refused > len(results) - self.quorum or finished >= retry_by:
-            return Extension(reason=reason)
-        return Extension(reason=reason, retry_by=retry_by)
+        return extension_outcome(
+            results, self.quorum, asked, started, self._clock(), deadline,
+            self._margin(asked), self.node_timeout,
+        )  # fmt: skip
 
-    def _release_steps(self, key: str, value: str, ttl: float) -> Steps[bool]:
+    def _release_lease_steps(self, lease: Lease) -> Steps[bool]:
+        """Release ``lease`` (one hold of it, once re-entered); this execution no
+        longer holds it."""
+        self._held.forget(lease)
+        return (yield from self._release_steps(lease.key, lease.value, lease.ttl, lease.hold))
+
+    def _release_steps(
+        self, key: str, value: str, ttl: float, hold: Optional[str] = None
+    ) -> Steps[bool]:
         # Stops at a quorum of deletions; otherwise hears every node (or times out),
         # to tell "not ours any more" from "too few answered".
         results = yield Ask(
-            release_command(key, value, ttl),
+            release_command(key, value, ttl, hold),
             self.node_timeout,
             is_yes=is_one,
             enough_yes=self.quorum,
@@ -384,6 +404,7 @@ class LockRules:
 
     def _force_release_steps(self, key: str) -> Steps[int]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
+        self._forget_held(key=key)
         command = Command(scripts.FORCE_RELEASE, [key], [])
         results = yield Ask(command, self.node_timeout, deliver=True)
         self._answered_by_quorum(key, results)

@@ -18,11 +18,15 @@ __all__ = [
     "ACQUIRE_FENCED",
     "ALL_SCRIPTS",
     "EXTEND",
+    "EXTEND_HOLD",
+    "EXTEND_MANY",
     "FENCE",
     "FENCED_SET",
     "FORCE_RELEASE",
     "HOLDER",
+    "REENTER",
     "RELEASE",
+    "RELEASE_HOLD",
     "Script",
 ]
 
@@ -169,4 +173,104 @@ return 1
 """
 )
 
-ALL_SCRIPTS: Final = (ACQUIRE, ACQUIRE_FENCED, FENCE, EXTEND, RELEASE, HOLDER, FORCE_RELEASE)
+# -- reentrancy (redlock reentrant=True): the holds of one value, counted on the node --
+#
+# A lease re-acquired by the execution that holds it is one more *hold* of the same
+# value: the lock key keeps ``token|holder``, and a set beside it (``<key>\0holds\0
+# <token>``, see holders.reentry_holds) names each hold by a nonce, the first hold
+# being "0". Adding a nonce is idempotent, so a command resent on a fresh connection
+# counts once. Both keys expire together; the last hold to go deletes both.
+
+REENTER: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its holds set for our value
+-- ARGV[1] our value; ARGV[2] ttl in milliseconds; ARGV[3] this hold's nonce
+-- returns {1, holds} when the key holds our value (holds: how many now, this one
+--         included); expiry becomes the later of the current one and ttl from now,
+--         so a hold never shortens another's;
+--         {holder value, its pttl in ms} when someone else holds it; {false, -2} absent
+local held = redis.call('get', KEYS[1])
+if held ~= ARGV[1] then
+  return {held, redis.call('pttl', KEYS[1])}
+end
+if redis.call('exists', KEYS[2]) == 0 then
+  redis.call('sadd', KEYS[2], '0')  -- the first hold, taken by a plain acquire
+end
+redis.call('sadd', KEYS[2], ARGV[3])
+local ttl = math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[2]))
+redis.call('pexpire', KEYS[1], ttl)
+redis.call('pexpire', KEYS[2], ttl)
+return {1, redis.call('scard', KEYS[2])}
+"""
+)
+
+EXTEND_HOLD: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its holds set; ARGV[1] our value; ARGV[2] ttl in ms
+-- returns 1 when the key held our value and now expires no sooner than ttl from now
+-- (never sooner than before: another hold may count on it); 0 otherwise
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local ttl = math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[2]))
+redis.call('pexpire', KEYS[1], ttl)
+if redis.call('exists', KEYS[2]) == 1 then
+  redis.call('pexpire', KEYS[2], ttl)
+end
+return 1
+"""
+)
+
+RELEASE_HOLD: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token
+-- ARGV[1] our value; ARGV[2] this hold's nonce; ARGV[3] tombstone ttl in ms
+-- returns 1 when the key held our value: this hold is gone, and the key too when it
+--         was the last (no holds left, or no set: a plain lease never re-acquired);
+--         0 when it was not ours (left untouched; a tombstone when absent, as RELEASE)
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('srem', KEYS[2], ARGV[2])
+  if redis.call('scard', KEYS[2]) == 0 then
+    redis.call('del', KEYS[1], KEYS[2])
+  end
+  return 1
+end
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('set', KEYS[3], '1', 'PX', ARGV[3])
+end
+return 0
+"""
+)
+
+EXTEND_MANY: Final = Script(
+    """
+-- Many leases' EXTEND in one call (the watchdog's batched renewal).
+-- KEYS[i] a lock key; ARGV[2i-1] our value for KEYS[i]; ARGV[2i] its new ttl in ms
+-- returns {r1, ..., rn}: ri is 1 when KEYS[i] held our value and now expires its ttl
+-- from now; 0 otherwise (that key alone is left untouched). Independent masters, so
+-- the keys may lie in any hash slot.
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('get', KEYS[i]) == ARGV[2 * i - 1] then
+    out[i] = redis.call('pexpire', KEYS[i], ARGV[2 * i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+)
+
+ALL_SCRIPTS: Final = (
+    ACQUIRE,
+    ACQUIRE_FENCED,
+    FENCE,
+    EXTEND,
+    RELEASE,
+    HOLDER,
+    FORCE_RELEASE,
+    REENTER,
+    EXTEND_HOLD,
+    RELEASE_HOLD,
+    EXTEND_MANY,
+)

@@ -56,7 +56,10 @@ retry through: a contended copy waits inline, for at most the holder's remaining
 as first seen, and an outage of the lock nodes fails the call at once.
 
 Per-execution state lives on ``self.request`` (one Context per run, per thread), never
-on ``self``, which the threads pool shares.
+on ``self``, which the threads pool shares. Each run is one *execution* for
+reentrancy: the body may take the task's own key again with
+``app_config(app).redlock(...).acquire(key, reentrant=True)`` (one more hold of the
+task's lease), and without ``reentrant=True`` gets ``AlreadyHeld`` at once.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ from typing import Any, Callable, Optional
 from celery import Task
 from celery.exceptions import Ignore, Retry
 from celery.signals import task_postrun, task_revoked
+from celery.utils import uuid
 
-from . import queue_once, signals
+from . import queue_once, reentry, signals
 from .config import app_config
 from .contention import MIN_COUNTDOWN, acquire_or_contended, retry_countdown
 from .errors import LockContended, QuorumUnavailable
@@ -148,6 +152,9 @@ class RedlockTask(Task):  # type: ignore[misc]
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         super().before_start(task_id, args, kwargs)
         self.request.redlock_traced = True
+        # This run is the execution that holds the task's lock (reentry.py): the body
+        # may re-acquire the key with reentrant=True; a redelivered copy is another run.
+        reentry.execution.set(f"task {task_id} run {uuid()}")
         self._redlock_acquire(task_id, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -465,6 +472,7 @@ def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
     # the trace's finally, with the request still in place.
     if isinstance(sender, RedlockTask):
         sender._redlock_release()
+        reentry.execution.set(None)  # the thread's next task is another execution
 
 
 task_postrun.connect(_release_on_every_exit, weak=False)

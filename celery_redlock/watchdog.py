@@ -11,23 +11,29 @@ majority refused, or that could not be extended in time, is marked lost (its
 lost too, so the holder learns it.
 
 Why one thread, not one per lease: a worker may hold many locks, and threads are
-the scarce thing in a prefork child. Fork-aware: a child process that asks for the
-watchdog gets its own thread (threads do not survive ``fork``) and never renews
-its parent's leases.
+the scarce thing in a prefork child. Why batches: one round per lease does not
+scale (1,000 leases at ttl 3 s are 1,000 rounds a second; with nodes 10 ms away they
+no longer fit in the interval). When a lease falls due, every lease due within half
+its own interval is renewed with it, in one round per lock (renewals.py); each lease
+still gets its own outcome, and one found lost is reported alone.
+
+Fork-aware: a child process that asks for the watchdog gets its own thread (threads
+do not survive ``fork``) and never renews its parent's leases.
 
 Under gevent or eventlet the thread is still a real OS thread (background.py), and
 its rounds use unpatched sockets: a greenlet computing without yielding does not
-starve it. A lease it finds lost is marked so at once (``held`` turns False in the
-task), but its ``on_lost`` and ``on_extended`` callbacks, and its log lines, are
-handed to the hub, so they run when the computing greenlet next yields.
+starve it. While a batch's round runs (at most ``node_timeout``), the leases in it
+are held by this thread: a greenlet releasing one of them waits for the round. A
+lease it finds lost is marked so at once (``held`` turns False in the task), but
+its ``on_lost`` and ``on_extended`` callbacks, and its log lines, are handed to the
+hub, so they run when the computing greenlet next yields.
 
-Imports only lease.py and background.py (no Celery, not redlock.py: the lock imports
-the watchdog).
+Imports only lease.py, renewals.py and background.py (no Celery, not redlock.py: the
+lock imports the watchdog).
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import logging
@@ -35,8 +41,9 @@ import os
 import time
 from typing import Callable, Optional
 
-from .background import in_hub, new_condition, new_lock, start_daemon_thread
+from .background import new_condition, new_lock, start_daemon_thread
 from .lease import Lease
+from .renewals import renew
 
 __all__ = ["Watchdog", "get_watchdog"]
 
@@ -99,27 +106,48 @@ class Watchdog:
                 while True:
                     now = self._clock()
                     if self._queue and self._queue[0][0] <= now:
-                        _, _, lease = heapq.heappop(self._queue)
-                        entry = self._watched.get(id(lease))
-                        if entry is not None and entry[0] is lease:
-                            every = entry[1]
+                        due = self._take_due(now)
+                        if due:
                             break
-                        continue  # unwatched meanwhile
+                        continue  # all unwatched meanwhile
                     wait = self._queue[0][0] - now if self._queue else None
                     self._cond.wait(wait)
-            self._renew(lease, every)
+            self._renew(due)
 
-    def _renew(self, lease: Lease, every: float) -> None:
-        if lease.released:
-            self.unwatch(lease)
-            return
-        try:
-            extended = lease.extend()
-        except Exception as exc:  # never let one lease kill the thread that serves them all
-            in_hub(
-                functools.partial(logger.error, "renewing lock %s failed", lease.key, exc_info=exc)
-            )
-            extended = False
+    def _take_due(self, now: float) -> list[tuple[Lease, float]]:
+        """Take every watched lease due within half its interval from ``now``: they
+        are renewed together, in one round per lock (renewals.py). Taken early, a
+        lease's next renewal counts from this one, so leases renewed together stay
+        together. Called with the condition held."""
+        taken: list[tuple[Lease, float]] = []
+        seen: set[int] = set()
+        queue = self._queue
+        while queue:
+            due, _, lease = queue[0]
+            entry = self._watched.get(id(lease))
+            if entry is None or entry[0] is not lease or id(lease) in seen:
+                heapq.heappop(queue)  # unwatched meanwhile, or watched twice
+                continue
+            if due > now + entry[1] / 2:
+                break
+            heapq.heappop(queue)
+            seen.add(id(lease))
+            taken.append((lease, entry[1]))
+        return taken
+
+    def _renew(self, due: list[tuple[Lease, float]]) -> None:
+        live = []
+        for lease, every in due:
+            if lease.released:
+                self.unwatch(lease)
+            else:
+                live.append((lease, every))
+        extended = renew([lease for lease, _ in live])
+        for (lease, every), ok in zip(live, extended):
+            self._next(lease, every, ok)
+
+    def _next(self, lease: Lease, every: float, extended: bool) -> None:
+        """Schedule ``lease``'s next renewal after one that ``extended`` it or not."""
         if extended:
             due = self._clock() + every
         elif lease.lost_reason is not None or lease.released:

@@ -43,8 +43,14 @@ def worker_test_app(
     app.conf.result_extended = True
     app.conf.broker_connection_retry_on_startup = True
     yield app
-    gc.collect()
+    free_results()
     set_event_loop(None)
+
+
+def free_results() -> None:
+    """Free results waiting for the garbage collector while their backend still
+    runs (call it before stopping the result backend's Redis)."""
+    gc.collect()
 
 
 class Recorder:

@@ -19,7 +19,14 @@ import pytest
 import redis
 from test_tls_acl import TLSNode, _urls, _values, certs, tls, tls_nodes
 
-from celery_redlock import LockContended, LockLost, QuorumUnavailable, Redlock
+from celery_redlock import (
+    AlreadyHeld,
+    ConfigurationError,
+    LockContended,
+    LockLost,
+    QuorumUnavailable,
+    Redlock,
+)
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
 from celery_redlock.testing import FaultProxy, RedisCluster, RedisServer
 
@@ -68,7 +75,8 @@ def test_async_and_sync_locks_exclude_each_other_and_name_the_holder(
         with pytest.raises(LockContended) as caught:
             await redlock.try_acquire("shared", blocking=False)
         assert caught.value.holder == "task-7@worker-a:1"
-        assert await redlock.release_value("shared", held.value) is True  # handed over
+        sync.hand_over(held)  # its value goes to the service, which releases it
+        assert await redlock.release_value("shared", held.value) is True
         lease = await redlock.acquire("shared", holder="api:2")
         assert isinstance(lease, AsyncLease)
         assert sync.acquire("shared", blocking=False) is None
@@ -265,8 +273,8 @@ def test_script_flush_falls_back_to_eval(redis_nodes: RedisCluster) -> None:
         assert lease is not None
         for client in _clients(redis_nodes):
             client.script_flush()
-        assert await lease.release() is True
-        assert _gone(_clients(redis_nodes), "flush")()
+        assert await lease.release() is True  # at a quorum: the others follow (as EVAL)
+        await _until(_gone(_clients(redis_nodes), "flush"), RELEASED_WITHIN, "released")
 
     run(scenario())
 
@@ -314,3 +322,57 @@ def test_one_lock_serves_successive_event_loops(redis_nodes: RedisCluster) -> No
     run(take_and_release())
     run(take_and_release())  # the first loop's connections are closed: fresh ones
     assert _gone(_clients(redis_nodes), "loops")()
+
+
+# -- reentrancy: the execution is the asyncio Task -------------------------------------------
+
+
+def test_two_tasks_of_one_loop_are_two_executions(redis_nodes: RedisCluster) -> None:
+    async def scenario() -> None:
+        redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        held = asyncio.Event()
+        done = asyncio.Event()
+
+        async def holder() -> None:
+            async with redlock.lock("shared") as lease:
+                inner = await redlock.acquire("shared", reentrant=True)  # its own hold
+                assert inner is not None and inner.value == lease.value
+                with pytest.raises(AlreadyHeld):
+                    await redlock.acquire("shared")
+                held.set()
+                await done.wait()
+                assert await inner.release() is True
+
+        async def other() -> None:
+            await held.wait()
+            # Another task: contention, never AlreadyHeld nor a hold, reentrant or not.
+            assert await redlock.acquire("shared", blocking=False, reentrant=True) is None
+            with pytest.raises(LockContended):
+                await redlock.try_acquire("shared", blocking=False)
+            done.set()
+
+        first = asyncio.ensure_future(holder())
+        await other()
+        await first
+        lease = await redlock.acquire("shared", blocking=False)
+        assert lease is not None and await lease.release() is True
+
+    run(scenario())
+
+
+def test_a_child_task_contends_with_its_parent(redis_nodes: RedisCluster) -> None:
+    async def scenario() -> None:
+        redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        lease = await redlock.acquire("parent")
+        assert lease is not None
+        child = asyncio.ensure_future(redlock.acquire("parent", blocking=False, reentrant=True))
+        assert await child is None  # contention: the child is not its parent
+        assert await lease.release() is True
+
+    run(scenario())
+
+
+def test_sentinel_nodes_are_refused_naming_the_node() -> None:
+    url = "sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380?master_name=locks"
+    with pytest.raises(ConfigurationError, match=r"nodes\[1\]: .* Sentinel-managed.*use Redlock"):
+        AsyncRedlock(["redis://127.0.0.1:7001/0", url])

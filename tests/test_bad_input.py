@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import pytest
 import redis
+from appfixture import free_results
 from celery import Celery
 from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
@@ -228,6 +229,7 @@ def stack() -> Iterator[Stack]:
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
             clients = [server.client(decode_responses=True) for server in nodes]
             yield Stack(broker, nodes, clients, app, tasks)
+            free_results()
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import pytest
 import redis
 import workerapp
+from appfixture import free_results
 from celery import Celery
 from celery.result import AsyncResult
 
@@ -87,6 +88,7 @@ def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster) -
             client=client,
         )
     finally:
+        free_results()
         client.close()
 
 

@@ -2,8 +2,11 @@
 
 Each test gets ``make`` (a lock on given nodes, sync or asyncio) and calls it the
 same way whichever driver it is: ``Driven`` awaits the asyncio lock's coroutines on
-one event loop per test. Real redis-server processes; what the nodes hold is read
-by plain clients (the observer), never taken from the lock's word.
+one event loop per test, all in one asyncio Task (``OneTask``), so that a test is
+one execution on either driver, as the sync driver's one thread is; ``elsewhere``
+calls from another execution (a thread; another Task). Real redis-server
+processes; what the nodes hold is read by plain clients (the observer), never taken
+from the lock's word.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import contextlib
 import inspect
 import itertools
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Iterator
 from typing import Any, Callable
 
 import pytest
@@ -21,6 +25,7 @@ import redis
 from test_redlock import BAD_CONSTRUCTION
 
 from celery_redlock import (
+    AlreadyHeld,
     ConfigurationError,
     Lease,
     LockContended,
@@ -29,6 +34,7 @@ from celery_redlock import (
     Redlock,
 )
 from celery_redlock.asyncio import AsyncRedlock
+from celery_redlock.holders import reentry_holds
 from celery_redlock.testing import RedisCluster, RedisServer
 
 FOREIGN = b"someone-else-entirely|other-host:1"
@@ -37,18 +43,47 @@ KEY_TTL = 30.0
 TOKEN = "caller-chosen-token-0123456789"
 
 
+class OneTask:
+    """Runs every awaitable it is given in one asyncio Task, one after the other."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._inbox: asyncio.Future[tuple[Awaitable[Any], asyncio.Future[Any]]]
+        self._inbox = loop.create_future()
+        self._task = loop.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            awaitable, reply = await self._inbox
+            self._inbox = self.loop.create_future()
+            try:
+                reply.set_result(await awaitable)
+            except BaseException as exc:  # handed to the caller
+                reply.set_exception(exc)
+
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        reply: asyncio.Future[Any] = self.loop.create_future()
+        self._inbox.set_result((awaitable, reply))
+        return self.loop.run_until_complete(reply)
+
+    def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(self._task)
+
+
 class Driven:
     """A lock, lease or context manager of either driver, called synchronously."""
 
-    def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, target: Any, runner: OneTask) -> None:
         self._target = target
-        self._loop = loop
+        self._runner = runner
 
     def _settle(self, result: Any) -> Any:
         if inspect.isawaitable(result):
-            result = self._loop.run_until_complete(result)
+            result = self._runner.run(result)
         if isinstance(result, Lease):
-            return Driven(result, self._loop)
+            return Driven(result, self._runner)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -57,22 +92,40 @@ class Driven:
             return lambda *a, **kw: self._lock(attr(*a, **kw))
         if not callable(attr):
             return attr
-        return lambda *a, **kw: self._settle(attr(*a, **kw))
+        return lambda *a, **kw: self._settle(attr(*map(_unwrapped, a), **kw))
+
+    def elsewhere(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call method ``name`` from another execution: a thread (sync), another
+        asyncio Task of the same loop (asyncio)."""
+        call = getattr(self._target, name)
+        out: list[Any] = []
+        if isinstance(self._target, AsyncRedlock):
+            out.append(self._runner.loop.run_until_complete(call(*args, **kwargs)))
+        else:
+            thread = threading.Thread(target=lambda: out.append(call(*args, **kwargs)))
+            thread.start()
+            thread.join(30)
+        result = out[0]
+        return Driven(result, self._runner) if isinstance(result, Lease) else result
 
     @contextlib.contextmanager
     def _lock(self, manager: Any) -> Iterator[Any]:
         if not hasattr(manager, "__aenter__"):
             with manager as lease:
-                yield Driven(lease, self._loop)
+                yield Driven(lease, self._runner)
             return
-        lease = self._loop.run_until_complete(manager.__aenter__())
+        lease = self._runner.run(manager.__aenter__())
         try:
-            yield Driven(lease, self._loop)
+            yield Driven(lease, self._runner)
         except BaseException as exc:
-            if not self._loop.run_until_complete(manager.__aexit__(type(exc), exc, None)):
+            if not self._runner.run(manager.__aexit__(type(exc), exc, None)):
                 raise
         else:
-            self._loop.run_until_complete(manager.__aexit__(None, None, None))
+            self._runner.run(manager.__aexit__(None, None, None))
+
+
+def _unwrapped(arg: Any) -> Any:
+    return arg._target if isinstance(arg, Driven) else arg
 
 
 Make = Callable[..., Any]
@@ -82,17 +135,19 @@ Make = Callable[..., Any]
 def make(request: pytest.FixtureRequest) -> Iterator[Make]:
     """``make(urls, **kwargs)``: a ``Redlock`` or an ``AsyncRedlock``, driven alike."""
     loop = asyncio.new_event_loop()
+    runner = OneTask(loop)
     made: list[Any] = []
 
     def build(urls: list[str], **kwargs: Any) -> Any:
         cls = Redlock if request.param == "sync" else AsyncRedlock
         lock = cls(urls, **kwargs)
         made.append(lock)
-        return Driven(lock, loop)
+        return Driven(lock, runner)
 
     yield build
     for lock in made:
         lock.close()
+    runner.close()
     loop.run_until_complete(asyncio.sleep(0))
     loop.close()
 
@@ -284,6 +339,7 @@ BAD_CALLS: list[tuple[str, Callable[[Any], object], str]] = [
     ("locked", lambda r: r.locked(3), "key must be a non-empty str"),
     ("force", lambda r: r.force_release(None), "key must be a non-empty str"),
     ("clear", lambda r: r.clear(""), "match must be a non-empty glob str"),
+    ("reentrant", lambda r: r.acquire("k", reentrant="yes"), "reentrant must be True or False"),
 ]
 
 
@@ -297,3 +353,86 @@ def test_bad_call_argument_gets_the_same_clear_error(
     with pytest.raises(ConfigurationError, match=re.escape(expected)):
         call(redlock)
     assert redis_server.client().keys("*") == []
+
+
+# -- reentrancy: the execution is the thread (sync) or the asyncio Task ----------------------
+
+
+def _holds(cluster: RedisCluster, key: str, value: str) -> list[int]:
+    """How many holds each node counts for ``value`` (0: no set)."""
+    return [int(c.scard(reentry_holds(key, value))) for c in _clients(cluster)]
+
+
+def test_a_held_key_raises_already_held_at_once_without_reentrant(
+    make: Make, redis_nodes: RedisCluster
+) -> None:
+    redlock = _lock(make, redis_nodes)
+    lease = redlock.acquire("mine")
+    calls: list[Callable[[], object]] = [
+        lambda: redlock.acquire("mine", timeout=60),  # would wait a minute for itself
+        lambda: redlock.try_acquire("mine", blocking=False),
+        lambda: redlock.lock("mine").__enter__(),
+    ]
+    for call in calls:
+        with pytest.raises(AlreadyHeld, match="already held by this execution") as caught:
+            call()
+        assert caught.value.key == "mine"
+    # Another execution of the same lock contends as usual, reentrant or not.
+    assert redlock.elsewhere("acquire", "mine", blocking=False, reentrant=True) is None
+    assert lease.release() is True
+    again = redlock.acquire("mine", blocking=False)
+    assert again is not None and again.release() is True
+
+
+def test_reentrant_holds_are_counted_on_the_nodes_and_the_last_release_frees(
+    make: Make, redis_nodes: RedisCluster
+) -> None:
+    redlock = _lock(make, redis_nodes, fencing=True)
+    with redlock.lock("report", reentrant=True) as outer:
+        assert _holds(redis_nodes, "report", outer.value) == [0] * 5  # a plain lease
+        inner = redlock.acquire("report", reentrant=True)
+        innermost = redlock.try_acquire("report", reentrant=True)
+        assert inner.value == innermost.value == outer.value
+        assert inner.fence == outer.fence
+        assert inner.deadline <= outer.deadline
+        assert _holds(redis_nodes, "report", outer.value) == [3] * 5
+        assert inner.release() is True  # any order
+        assert [c.get("report") for c in _clients(redis_nodes)] == [outer.value.encode()] * 5
+        assert redlock.elsewhere("acquire", "report", blocking=False) is None
+        assert innermost.extend() is True
+        assert _holds(redis_nodes, "report", outer.value) == [2] * 5
+        assert innermost.release() is True
+        assert _holds(redis_nodes, "report", outer.value) == [1] * 5
+    assert [c.get("report") for c in _clients(redis_nodes)] == [None] * 5
+    other = redlock.elsewhere("acquire", "report", blocking=False)
+    assert other is not None and other.release() is True
+
+
+def test_a_hold_never_shortens_the_key_and_extends_keep_it(
+    make: Make, redis_nodes: RedisCluster
+) -> None:
+    redlock = _lock(make, redis_nodes)
+    outer = redlock.acquire("long", ttl=KEY_TTL)
+    inner = redlock.acquire("long", ttl=2, reentrant=True)
+    assert inner.extend(ttl=2) is True
+    # The outer hold's 30 s still stand on every node (pttl in ms), holds set too.
+    assert all(c.pttl("long") > 2000 for c in _clients(redis_nodes))
+    holds = reentry_holds("long", outer.value)
+    assert all(c.pttl(holds) > 2000 for c in _clients(redis_nodes))
+    assert inner.release() is True and outer.release() is True
+
+
+def test_operators_deletions_and_hand_over_end_the_record(
+    make: Make, redis_nodes: RedisCluster
+) -> None:
+    redlock = _lock(make, redis_nodes)
+    redlock.acquire("op:1")
+    redlock.acquire("op:2")
+    given = redlock.acquire("given")
+    assert redlock.force_release("op:1") == 5
+    assert redlock.clear("op:*") == 1
+    redlock.hand_over(given)  # its value went to another execution
+    assert redlock.release_value("given", given.value) is True
+    for key in ("op:1", "op:2", "given"):
+        lease = redlock.acquire(key, blocking=False)  # no AlreadyHeld: not held any more
+        assert lease is not None and lease.release() is True

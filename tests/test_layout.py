@@ -26,6 +26,8 @@ CELERY_FREE = (
     "holders",
     "lease",
     "watchdog",
+    "renewals",
+    "extension",
     "redlock",
     "scripts",
     "fencing",

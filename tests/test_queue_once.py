@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock import AlreadyQueued, RedlockTask
+from celery_redlock import AlreadyQueued, ConfigurationError, RedlockTask
 from celery_redlock.testing import RedisCluster, RedisServer
 
 QUEUE = "q1"
@@ -166,3 +166,116 @@ def test_eager_calls_are_not_deduplicated(app: Celery, tasks: dict[str, Any]) ->
     second = tasks["import"].delay(4)
     assert first.id != second.id
     assert first.successful() and second.successful()
+
+
+# -- per-call options: apply_async(redlock={...}) and celery-once's once={...} ----------
+
+
+@pytest.fixture
+def plain(app: Celery, tasks: dict[str, Any]) -> Any:
+    """A RedlockTask without queue once (redlock_dedupe_queued off)."""
+
+    @app.task(shared=False, base=RedlockTask, redlock_key=["customer_id"], name="q.plain")
+    def plain_task(customer_id: int) -> int:
+        return customer_id
+
+    return plain_task
+
+
+def _queued_pttls(nodes: RedisCluster, key: str) -> list[int]:
+    """The queued lock's remaining TTL on each node, in ms (read by hand)."""
+    return [int(server.client().pttl(key)) for server in nodes]
+
+
+def test_per_call_on_queued_raise_overrides_the_task(
+    tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    first = tasks["import"].delay(20)
+    with pytest.raises(AlreadyQueued) as caught:
+        tasks["import"].apply_async((20,), redlock={"on_queued": "raise"})
+    assert caught.value.task_id == first.id
+    assert tasks["import"].apply_async((20,), redlock={"on_queued": "return"}).id == first.id
+    assert _queued(broker) == 1
+
+
+def test_per_call_queued_ttl_sets_the_queue_place_ttl(
+    tasks: dict[str, Any], redis_nodes: RedisCluster
+) -> None:
+    tasks["import"].apply_async((21,), redlock={"queued_ttl": 5})
+    key = tasks["import"].lock_key((21,), {}) + ":queued"
+    # The task's own redlock_queued_ttl is 60 s: a place set for 5 s has at most 5 s left.
+    held = [ttl for ttl in _queued_pttls(redis_nodes, key) if ttl > 0]
+    assert len(held) >= 3 and max(held) <= 5000
+
+
+def test_per_call_dedupe_queued_false_sends_a_second_copy(
+    tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    first = tasks["import"].delay(22)
+    second = tasks["import"].apply_async((22,), redlock={"dedupe_queued": False})
+    assert second.id != first.id
+    assert _queued(broker) == 2
+
+
+def test_per_call_dedupe_queued_true_on_a_task_without_queue_once(
+    plain: Any, broker: RedisServer
+) -> None:
+    first = plain.apply_async((23,), redlock={"dedupe_queued": True})
+    assert plain.apply_async((23,), redlock={"dedupe_queued": True}).id == first.id
+    assert plain.delay(23).id != first.id  # a call without the option is not deduplicated
+    assert _queued(broker) == 2
+
+
+def test_celery_once_graceful_alias_returns_the_queued_copy(
+    plain: Any, broker: RedisServer
+) -> None:
+    first = plain.apply_async((24,), once={"graceful": True, "timeout": 60})
+    assert plain.apply_async((24,), once={"graceful": True}).id == first.id
+    with pytest.raises(AlreadyQueued) as caught:
+        plain.apply_async((24,), once={"graceful": False})
+    assert caught.value.task_id == first.id
+    assert _queued(broker) == 1
+
+
+def test_celery_once_timeout_alias_sets_the_queue_place_ttl(
+    plain: Any, redis_nodes: RedisCluster
+) -> None:
+    plain.apply_async((25,), once={"timeout": 4})
+    key = plain.lock_key((25,), {}) + ":queued"
+    held = [ttl for ttl in _queued_pttls(redis_nodes, key) if ttl > 0]
+    assert len(held) >= 3 and max(held) <= 4000
+
+
+def test_per_call_options_are_not_sent_with_the_message(
+    app: Celery, tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    app.conf.task_always_eager = True  # checked, popped, and the call runs inline
+    tasks["gate"].rpush("gate", "open")
+    result = tasks["import"].apply_async((26,), redlock={"on_queued": "raise"})
+    assert result.successful()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ({"redlock": ["on_queued"]}, r"apply_async\(redlock=\.\.\.\) must be a dict"),
+        ({"redlock": {"ttl": 5}}, r"unknown option 'ttl'; accepted: 'on_queued', 'queued_ttl'"),
+        ({"redlock": {"on_queued": "skip"}}, r"redlock\['on_queued'\] must be one of 'return'"),
+        ({"redlock": {"queued_ttl": 0}}, r"redlock\['queued_ttl'\] must be > 0 seconds"),
+        ({"redlock": {"queued_ttl": "1h"}}, r"redlock\['queued_ttl'\] must be a finite number"),
+        ({"redlock": {"dedupe_queued": 1}}, r"redlock\['dedupe_queued'\] must be True or False"),
+        ({"once": "graceful"}, r"apply_async\(once=\.\.\.\) must be a dict"),
+        ({"once": {"graceful": "yes"}}, r"once\['graceful'\] must be True or False"),
+        ({"once": {"timeout": -1}}, r"once\['timeout'\] must be > 0 seconds"),
+        ({"once": {"grace": True}}, r"unknown option 'grace'; accepted: 'graceful', 'timeout'"),
+        ({"once": {"keys": ["a"]}}, r"once\['keys'\] is a task-level option.*redlock_key"),
+        ({"once": {"unlock_before_run": True}}, r"once\['unlock_before_run'\] is a task-level"),
+        ({"once": {}, "redlock": {}}, r"redlock=\{\.\.\.\} or celery-once's once=\{\.\.\.\}"),
+    ],
+)
+def test_bad_per_call_options_are_refused_naming_them(
+    tasks: dict[str, Any], broker: RedisServer, call: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        tasks["import"].apply_async((27,), **call)
+    assert _queued(broker) == 0

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 import pytest
 import redeliveryapp
 import redis
+from appfixture import free_results
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.result import AsyncResult
@@ -112,6 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 workers,
             )
         finally:
+            free_results()
             client.close()
             for worker in workers:
                 worker.kill()

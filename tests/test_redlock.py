@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from celery_redlock import (
+    AlreadyHeld,
     ConfigurationError,
     Lease,
     LockContended,
@@ -101,8 +102,9 @@ def test_contended_reply_names_the_holder_and_when_it_frees(redis_nodes: RedisCl
     before = time.monotonic()
     lease = redlock.acquire("named", holder="task-1@worker-a:42")
     assert lease is not None
+    other = Redlock(redis_nodes.urls, ttl=10, node_timeout=NODE_TIMEOUT)  # another client
     with pytest.raises(LockContended) as caught:
-        redlock.try_acquire("named", blocking=False)
+        other.try_acquire("named", blocking=False)
     # The reported TTL ran down at most by the time since before the SET (Redis
     # counts in ms: 10 ms of rounding slack).
     assert caught.value.holder == "task-1@worker-a:42"
@@ -181,7 +183,7 @@ def test_key_expires_at_ttl_and_can_be_taken_again(redis_nodes: RedisCluster) ->
     redlock = Redlock(redis_nodes.urls, ttl=1, node_timeout=0.5)
     lease = redlock.acquire("exp")
     assert lease is not None
-    assert redlock.acquire("exp", blocking=False) is None
+    assert Redlock(redis_nodes.urls, ttl=1, node_timeout=0.5).acquire("exp", blocking=False) is None
     # Nobody releases it: it expires on the nodes. Each key was set after the round
     # started, so once they are all gone the lease's deadline has passed too.
     _eventually(lambda: _keys_everywhere(redis_nodes, "exp") == [None] * 5, 10, "expired")
@@ -214,7 +216,8 @@ def test_single_node_lock_works(redis_server: RedisServer) -> None:
     before = time.monotonic()
     lease = redlock.acquire("one")
     assert lease is not None and lease.deadline >= before + 5 - redlock._margin(5)
-    assert redlock.acquire("one", blocking=False) is None
+    other = Redlock([redis_server.url], ttl=5, node_timeout=NODE_TIMEOUT)  # another client
+    assert other.acquire("one", blocking=False) is None
     assert lease.extend()
     lease.release()
     assert redlock.acquire("one", blocking=False) is not None
@@ -476,7 +479,8 @@ def test_forked_child_gets_fresh_connections(redis_nodes: RedisCluster) -> None:
     child.start()
     child.join(10)
     assert queue.get(timeout=1) == ("child-ok", None)
-    assert redlock.acquire("parent", blocking=False) is None  # parent's view intact
+    with pytest.raises(AlreadyHeld):  # parent's view intact: it holds it
+        redlock.acquire("parent", blocking=False)
     lease.release()
 
 
@@ -776,7 +780,9 @@ def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
     lagging.delay(0.003)
     urls = [s.url for s in servers[:4]] + [lagging.url]
     redlock = Redlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
-    probe = servers[4].client()
+    # The observer's own clients connect before the count starts: only ours count.
+    observers = [server.client() for server in servers]
+    probe = observers[4]
     connections_before = probe.info("stats")["total_connections_received"]
     for i in range(200):
         lease = redlock.acquire(f"lag:{i}", blocking=False)
@@ -784,10 +790,7 @@ def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
         lease.release()
 
     def left() -> list[list[bytes]]:
-        return [
-            [k for k in server.client().scan_iter("lag:*") if b"\x00" not in k]
-            for server in servers
-        ]
+        return [[k for k in c.scan_iter("lag:*") if b"\x00" not in k] for c in observers]
 
     _eventually(lambda: left() == [[]] * 5, RELEASED_WITHIN, "every release reached every node")
     made = probe.info("stats")["total_connections_received"] - connections_before

@@ -13,7 +13,8 @@ command it undoes on the same connection, so a cancelled acquire keeps nothing.
 
 Node specs are read by node.py's ``Node`` through the synchronous ``NodeSet`` (the
 same URL checks, TLS contexts, handshakes and duplicate check); only their
-connections differ. Must not import redlock.py or Celery.
+connections differ. Sentinel-managed masters (``sentinel://``) are refused: their
+address is asked of the Sentinels with blocking I/O. Must not import redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Callable, Optional, Sequence
 from redis import exceptions as rexc
 
 from ..connection import owed_age
+from ..errors import ConfigurationError
 from ..node import Node
 from ..nodes import NodeSet
 from ..quorum import Ask
@@ -77,6 +79,14 @@ class AsyncNodeSet:
 
     def __init__(self, specs: Sequence[object], clock: Callable[[], float] = time.monotonic):
         self.nodes: list[Node] = NodeSet(specs, clock=clock).nodes
+        for index, node in enumerate(self.nodes):
+            if node.sentinel is not None:
+                raise ConfigurationError(
+                    f"nodes[{index}]: {node.address!r} is a Sentinel-managed master; "
+                    "AsyncRedlock takes fixed addresses only (redis://, rediss://, "
+                    "unix://): use Redlock for sentinel:// nodes, or give the masters' "
+                    "addresses"
+                )
         self._conns: list[Optional[NodeConnection]] = [None] * len(self.nodes)
         self._clock = clock
         self._owed_age = owed_age(0.0)

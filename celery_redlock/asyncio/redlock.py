@@ -15,6 +15,10 @@ node behind the SET, without waiting); a cancelled ``lock`` block's lease is
 released in a shielded task, so a second cancellation cannot stop the release.
 Auto-extension is one asyncio task per block, renewing at ttl/3.
 
+Reentrancy (``reentrant=True``, ``AlreadyHeld``; see reentry.py): the execution is
+the current asyncio Task, so two tasks of one event loop are two executions, as two
+threads are for ``Redlock``.
+
 Must not import Celery, redlock.py or the watchdog (its thread is for sync leases).
 """
 
@@ -22,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
@@ -31,7 +37,9 @@ from ..admin import clear_matching
 from ..errors import QuorumUnavailable, RedlockError
 from ..holders import INTERNAL, HolderInfo
 from ..lease import Duration, Extension, Lease
-from ..quorum import Attempt, Pause, Steps, clear_match, judge_exit, lease_value
+from ..quorum import Ask, Pause, Settle, Steps, clear_match, judge_exit, lease_value
+from ..reentry import HeldLeases
+from ..refusal import Attempt
 from ..rules import LockRules
 from ..validate import lock_key_name, seconds
 from .nodes import AsyncNodeSet
@@ -42,11 +50,29 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_task_names: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+_task_serials = itertools.count(1)
+
+
+def current_task_execution() -> str:
+    """The execution acquiring now: the current asyncio Task (named once, by a
+    serial number, so a later task never inherits an ended one's name)."""
+    task = asyncio.current_task()
+    if task is None:
+        return "no asyncio task"
+    name = _task_names.get(task)
+    if name is None:
+        name = _task_names[task] = f"asyncio task {next(_task_serials)}"
+    return name
+
 
 class AsyncLease(Lease):
     """A lease won by ``AsyncRedlock``: the same state as ``Lease`` (``validity``,
     ``held``, ``lost``, ``fence``, ``ensure_held``, callbacks), with ``extend``,
     ``release`` and ``owned`` as coroutines that return and raise as ``Lease``'s."""
+
+    #: The extension round in flight, if any (a re-acquire waits for it: ``Settle``).
+    _extending: Optional[asyncio.Future[None]] = None
 
     @property
     def _lock_of(self) -> AsyncRedlock:
@@ -55,12 +81,23 @@ class AsyncLease(Lease):
     async def extend(self, ttl: Optional[Duration] = None) -> bool:  # type: ignore[override]
         """See ``Lease.extend``."""
         new_ttl = self.ttl if ttl is None else seconds("ttl", ttl)
+        await self._settled()  # one extension round at a time
         if self._released or self._lost_reason is not None:
             return False
-        outcome = await self._lock_of._extend_lease(self, new_ttl)
+        done = self._extending = asyncio.get_running_loop().create_future()
+        try:
+            outcome = await self._lock_of._extend_lease(self, new_ttl)
+        finally:
+            self._extending = None
+            done.set_result(None)
         with self._lock:
             callbacks = self._record(outcome)
         return self._announce(outcome, callbacks)
+
+    async def _settled(self) -> None:
+        """Return once no extension round of this lease is in flight."""
+        while self._extending is not None:
+            await asyncio.wait([self._extending])  # never cancels the round's future
 
     async def release(self) -> bool:  # type: ignore[override]
         """See ``Lease.release``: True, False or ``QuorumUnavailable``."""
@@ -113,6 +150,8 @@ class AsyncRedlock(LockRules):
         self._clock = clock
         self._sleep = sleep
         self._nodes = AsyncNodeSet(nodes, clock=clock)
+        # Which leases each execution (asyncio Task) won through this lock.
+        self._held = HeldLeases(current_task_execution)
         self._count_nodes(len(self._nodes))
 
     def __repr__(self) -> str:
@@ -132,11 +171,14 @@ class AsyncRedlock(LockRules):
         try:
             step = next(steps)
             while True:
+                if isinstance(step, Ask):
+                    step = steps.send(await self._nodes.round(step))
+                    continue
                 if isinstance(step, Pause):
                     await self._sleep(step.seconds)
-                    step = steps.send([])
-                else:
-                    step = steps.send(await self._nodes.round(step))
+                elif isinstance(step, Settle) and isinstance(step.lease, AsyncLease):
+                    await step.lease._settled()
+                step = steps.send([])
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
@@ -150,10 +192,14 @@ class AsyncRedlock(LockRules):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> Optional[AsyncLease]:
         """See ``Redlock.acquire``: the lease, ``None`` when not won, or
-        ``QuorumUnavailable``. Cancelled, it releases whatever it got."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token)
+        ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
+        asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
+        more hold of its lease."""
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         return cast(Optional[AsyncLease], attempt.outcome(key, False))
 
     async def try_acquire(
@@ -164,9 +210,11 @@ class AsyncRedlock(LockRules):
         timeout: Optional[Duration] = None,
         holder: Optional[str] = None,
         token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> AsyncLease:
         """Like ``acquire`` but raises ``LockContended`` instead of returning None."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token)
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         return cast(AsyncLease, attempt.outcome(key, True))
 
     async def _acquire(
@@ -177,8 +225,11 @@ class AsyncRedlock(LockRules):
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
+        reentrant: bool,
     ) -> Attempt:
-        steps = self._acquire_steps(self, AsyncLease, key, ttl, blocking, timeout, holder, token)
+        steps = self._acquire_steps(
+            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
         return await self._drive(steps)
 
     @contextlib.asynccontextmanager
@@ -190,6 +241,8 @@ class AsyncRedlock(LockRules):
         blocking: bool = True,
         auto_extend: bool = False,
         holder: Optional[str] = None,
+        *,
+        reentrant: bool = False,
     ) -> AsyncIterator[AsyncLease]:
         """``async with redlock.lock(key) as lease:`` -- as ``Redlock.lock``.
 
@@ -200,7 +253,7 @@ class AsyncRedlock(LockRules):
         meanwhile and ``QuorumUnavailable`` when the release reached no quorum.
         """
         lease = await self.try_acquire(
-            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
         )
         keeper = asyncio.ensure_future(keep_alive(lease, self._clock)) if auto_extend else None
         try:
@@ -251,13 +304,14 @@ class AsyncRedlock(LockRules):
         """See ``Redlock.clear``. SCAN runs on a worker thread (plain redis-py
         clients, as the synchronous lock's), not on the event loop."""
         match = clear_match(match)
+        self._forget_held(match=match)
         return await asyncio.to_thread(clear_matching, self._nodes.nodes, match, self.quorum)
 
     async def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
         return await self._drive(self._extend_steps(lease, ttl))
 
     async def _release_lease(self, lease: Lease) -> bool:
-        return await self._drive(self._release_steps(lease.key, lease.value, lease.ttl))
+        return await self._drive(self._release_lease_steps(lease))
 
     async def _owned_lease(self, lease: Lease) -> bool:
         return await self._drive(self._owned_steps(lease))

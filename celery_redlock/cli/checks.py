@@ -140,6 +140,31 @@ def check_role(facts: NodeFacts, config: AppConfig) -> Check:
     return Check("role", OK, "master")
 
 
+SENTINEL_ADVICE = (
+    "Sentinel replicates asynchronously: a lock key the old master granted may not "
+    "have reached the replica it promotes, and a second client then wins the same "
+    "lock on the new master while the first still holds it. The lock's safety rests "
+    "on each node keeping what it granted, so prefer 3 or 5 independent masters "
+    "without failover (Redlock tolerates a minority down by itself). If you keep "
+    "Sentinel: WAIT / min-replicas-to-write narrow the window but cannot close it "
+    "(replication stays asynchronous), and a delayed failover (down-after-milliseconds "
+    "longer than the largest lock TTL{ttl_hint}) lets every granted lock expire first."
+)
+
+
+def check_sentinel(facts: NodeFacts, config: AppConfig) -> Check:
+    """A Sentinel-managed master: a failover can lose a held lock (a WARNING)."""
+    where = f", now at {facts.master_address}" if facts.master_address else ""
+    hint = f" (redlock_ttl is {config.task_defaults.ttl:g} s; tasks may set more)"
+    return Check(
+        "sentinel",
+        WARNING,
+        f"managed by Sentinel (master {facts.sentinel_master!r}{where}): a failover to "
+        "an asynchronously replicated replica can lose a held lock",
+        SENTINEL_ADVICE.format(ttl_hint=hint),
+    )
+
+
 def check_maxmemory_policy(facts: NodeFacts, config: AppConfig) -> Check:
     """noeviction: any other policy may evict lock keys."""
     policy = facts.maxmemory_policy

@@ -34,6 +34,7 @@ from .checks import (
     check_quorum,
     check_reachable,
     check_role,
+    check_sentinel,
     check_version,
     worst,
 )
@@ -53,9 +54,14 @@ NODE_CHECKS: tuple[Callable[[NodeFacts, AppConfig], Check], ...] = (
 )
 
 
+#: The checks of a reachable Sentinel-managed node, after NODE_CHECKS.
+SENTINEL_CHECKS: tuple[Callable[[NodeFacts, AppConfig], Check], ...] = (check_sentinel,)
+
+
 def judge_node(facts: NodeFacts, config: AppConfig) -> list[Check]:
     """The checks of one reachable node, from its facts."""
-    return [check(facts, config) for check in NODE_CHECKS]
+    checks = NODE_CHECKS + (SENTINEL_CHECKS if facts.sentinel_master else ())
+    return [check(facts, config) for check in checks]
 
 
 def judge_cluster(facts: Sequence[NodeFacts], config: AppConfig) -> list[Check]:

@@ -53,6 +53,10 @@ class NodeFacts:
     scan_complete: bool = True
     lock_scripts_error: Optional[str] = None
     restricted: bool = False  # answered, but this user may not inspect it
+    #: The master name, for a node whose Sentinels say where the master is.
+    sentinel_master: Optional[str] = None
+    #: Where the Sentinels said the master was, when doctor looked (host:port).
+    master_address: Optional[str] = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +80,8 @@ class NodeFacts:
             "keys_without_ttl_count": self.keys_without_ttl_count,
             "scan_complete": self.scan_complete,
             "lock_scripts_error": self.lock_scripts_error,
+            "sentinel_master": self.sentinel_master,
+            "master_address": self.master_address,
         }
 
 
@@ -89,6 +95,10 @@ def inspect_node(node: Node, prefix: str, budget: float) -> NodeFacts:
     client = node.client()
     client.ping()  # connects: not part of the round trip measured below
     facts.reachable = True
+    if node.sentinel is not None:
+        facts.sentinel_master = node.sentinel.master_name
+        host, port = client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        facts.master_address = f"{host}:{port}"
     facts.latency_ms = _round_trip_ms(client)
     _read_info(client, facts)
     facts.clock_offset = _clock_offset(client)

@@ -17,6 +17,8 @@ free loopback port, in its own temporary directory.
   killed cold.
 - :class:`RabbitMQNode` (``rabbitmq.py``): a private ``rabbitmq-server`` node, for
   a broker that is not Redis.
+- :class:`RedisSentinelGroup` (``sentinel.py``): a master, its replicas and the
+  Sentinels watching them, with a forced ``failover()``.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
   ``redis_server_factory``, ``redis_cluster_factory``, ``fault_proxy_factory``.
@@ -52,6 +54,7 @@ from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
 from .proxy import Direction as Direction
 from .proxy import FaultProxy, FaultProxyFactory
 from .rabbitmq import RabbitMQNode, find_rabbitmq_server
+from .sentinel import RedisSentinel, RedisSentinelGroup
 from .server import START_TIMEOUT as START_TIMEOUT
 from .server import STOP_TIMEOUT as STOP_TIMEOUT
 from .server import RedisServer, RedisServerFactory
@@ -76,6 +79,8 @@ __all__ = [
     "RabbitMQNode",
     "RedisCluster",
     "RedisClusterFactory",
+    "RedisSentinel",
+    "RedisSentinelGroup",
     "RedisServer",
     "RedisServerFactory",
     "die_with_parent",

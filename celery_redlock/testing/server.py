@@ -358,6 +358,7 @@ class RedisServer:
         self._output_offset = output.stat().st_size if output.exists() else 0
         args = [
             self.binary,
+            *self._leading_args(),
             "--bind", LOOPBACK,
             "--port", str(self._port),
             "--save", "",
@@ -383,6 +384,10 @@ class RedisServer:
         self._paused = False
         with _registry_lock:
             _live_servers.add(self)
+
+    def _leading_args(self) -> list[str]:
+        """Arguments before the options: a config file must come first (a Sentinel's)."""
+        return []
 
     def _await_ready(self, may_change_port: bool) -> None:
         attempt = 1

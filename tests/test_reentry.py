@@ -1,0 +1,259 @@
+"""Reentrancy (``reentrant=True``) against real lock nodes and a real worker.
+
+The holds are counted on the nodes: the tests read each node's holds set and lock
+key by hand, and a second client (another thread, another process, another Redlock)
+is the independent judge of whether the key is held.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from typing import Any, Callable
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from celery_redlock import AlreadyHeld, ConfigurationError, QuorumUnavailable, Redlock, RedlockTask
+from celery_redlock.config import app_config
+from celery_redlock.holders import reentry_holds
+from celery_redlock.testing import RedisCluster, RedisServer
+
+NODE_TIMEOUT = 0.5
+KEY_TTL = 30.0
+
+
+def _lock(cluster: RedisCluster, **kwargs: Any) -> Redlock:
+    return Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, **kwargs)
+
+
+def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+    return [server.client() for server in cluster]
+
+
+def _holds(cluster: RedisCluster, key: str, value: str) -> list[int]:
+    """How many holds each node counts for ``value`` (0: no set)."""
+    return [int(c.scard(reentry_holds(key, value))) for c in _clients(cluster)]
+
+
+def _values(cluster: RedisCluster, key: str) -> list[Any]:
+    return [c.get(key) for c in _clients(cluster)]
+
+
+def _in_thread(redlock: Redlock, key: str) -> Any:
+    """An acquire from another thread (another execution) of the same Redlock."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(redlock.acquire(key, blocking=False)))
+    thread.start()
+    thread.join(30)
+    return out[0]
+
+
+def test_reentrant_acquires_count_holds_on_the_nodes_and_the_last_release_frees(
+    redis_nodes: RedisCluster,
+) -> None:
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("report")
+    assert outer is not None
+    inner = redlock.acquire("report", reentrant=True)
+    innermost = redlock.acquire("report", reentrant=True)
+    assert inner is not None and innermost is not None
+    assert inner.value == innermost.value == outer.value
+    assert _holds(redis_nodes, "report", outer.value) == [3] * 5
+    assert innermost.release() is True
+    assert _holds(redis_nodes, "report", outer.value) == [2] * 5
+    assert _values(redis_nodes, "report") == [outer.value.encode()] * 5
+    assert _in_thread(redlock, "report") is None  # still held: another thread contends
+    assert inner.release() is True
+    assert _holds(redis_nodes, "report", outer.value) == [1] * 5
+    assert _in_thread(redlock, "report") is None
+    assert outer.release() is True
+    assert _values(redis_nodes, "report") == [None] * 5
+    assert _holds(redis_nodes, "report", outer.value) == [0] * 5
+    assert _in_thread(redlock, "report") is not None
+
+
+def test_holds_may_be_released_in_any_order(redis_nodes: RedisCluster) -> None:
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("order")
+    assert outer is not None
+    inner = redlock.acquire("order", reentrant=True)
+    assert inner is not None
+    assert outer.release() is True  # the first hold goes first: the key stays
+    assert _values(redis_nodes, "order") == [outer.value.encode()] * 5
+    assert _lock(redis_nodes).acquire("order", blocking=False) is None  # another client
+    assert inner.release() is True
+    assert _values(redis_nodes, "order") == [None] * 5
+
+
+def test_without_reentrant_a_held_key_raises_already_held_at_once(
+    redis_nodes: RedisCluster,
+) -> None:
+    def no_waiting(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds}s for its own lock")
+
+    redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, sleep=no_waiting)
+    lease = redlock.acquire("mine")
+    assert lease is not None
+    calls: list[Callable[[], object]] = [
+        lambda: redlock.acquire("mine", timeout=60),
+        lambda: redlock.try_acquire("mine"),
+        lambda: redlock.lock("mine").__enter__(),
+    ]
+    for call in calls:
+        with pytest.raises(AlreadyHeld, match="already held by this execution") as caught:
+            call()
+        assert caught.value.key == "mine"
+    assert lease.release() is True
+    again = redlock.acquire("mine", blocking=False)  # released: not held any more
+    assert again is not None and again.release()
+
+
+def test_reentrant_must_be_a_flag(redis_nodes: RedisCluster) -> None:
+    with pytest.raises(ConfigurationError, match="reentrant must be True or False"):
+        _lock(redis_nodes).acquire("flag", reentrant="yes")  # type: ignore[arg-type]
+
+
+def test_reentrant_first_acquire_is_a_plain_one(redis_nodes: RedisCluster) -> None:
+    redlock = _lock(redis_nodes)
+    with redlock.lock("first", reentrant=True) as lease:
+        assert _holds(redis_nodes, "first", lease.value) == [0] * 5  # no set until re-entered
+        with redlock.lock("first", reentrant=True) as inner:
+            assert inner.value == lease.value
+            assert _holds(redis_nodes, "first", lease.value) == [2] * 5
+        assert _values(redis_nodes, "first") == [lease.value.encode()] * 5
+    assert _values(redis_nodes, "first") == [None] * 5
+
+
+def test_a_hold_never_shortens_the_key_and_extend_keeps_the_count(
+    redis_nodes: RedisCluster,
+) -> None:
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("long", ttl=KEY_TTL)
+    assert outer is not None
+    inner = redlock.acquire("long", ttl=2, reentrant=True)
+    assert inner is not None
+    assert inner.deadline <= outer.deadline
+    assert inner.extend(ttl=2)
+    # The outer hold's 30 s still stand on every node (pttl in ms).
+    assert all(c.pttl("long") > 2000 for c in _clients(redis_nodes))
+    assert outer.extend()
+    assert _holds(redis_nodes, "long", outer.value) == [2] * 5
+    assert inner.release() and outer.release()
+
+
+def test_another_process_is_excluded_until_the_count_reaches_zero(
+    redis_nodes: RedisCluster,
+) -> None:
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("proc")
+    inner = redlock.acquire("proc", reentrant=True)
+    assert outer is not None and inner is not None
+    ctx = multiprocessing.get_context("fork")
+
+    def child_tries() -> bool:
+        queue: Any = ctx.Queue()
+        child = ctx.Process(target=_child_acquires, args=(redlock, "proc", queue))
+        child.start()
+        won: bool = queue.get(timeout=30)
+        child.join(10)
+        return won
+
+    assert child_tries() is False  # the forked child is not this execution
+    assert outer.release() is True
+    assert child_tries() is False  # one hold left
+    assert inner.release() is True
+    assert child_tries() is True
+
+
+def _child_acquires(redlock: Redlock, key: str, queue: Any) -> None:
+    lease = redlock.acquire(key, blocking=False)
+    queue.put(lease is not None)
+    if lease is not None:
+        lease.release()
+
+
+def test_reentrant_acquire_needs_a_quorum(redis_nodes: RedisCluster) -> None:
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("quorum")
+    assert outer is not None
+    redis_nodes[0].stop()
+    redis_nodes[1].stop()
+    inner = redlock.acquire("quorum", reentrant=True)  # 3 of 5 answer: a quorum
+    assert inner is not None
+    assert _holds(redis_nodes[2:], "quorum", outer.value) == [2] * 3  # type: ignore[arg-type]
+    redis_nodes[2].stop()
+    with pytest.raises(QuorumUnavailable):
+        redlock.acquire("quorum", reentrant=True)
+    assert _values(redis_nodes[3:], "quorum") == [outer.value.encode()] * 2  # type: ignore[arg-type]
+
+
+def test_a_fenced_hold_shares_the_first_hold_fence(redis_nodes: RedisCluster) -> None:
+    redlock = _lock(redis_nodes, fencing=True)
+    outer = redlock.acquire("fenced")
+    assert outer is not None and outer.fence is not None
+    inner = redlock.acquire("fenced", reentrant=True)
+    assert inner is not None and inner.fence == outer.fence
+    assert inner.release() and outer.release()
+    later = _lock(redis_nodes, fencing=True).acquire("fenced")
+    assert later is not None and later.fence is not None and later.fence > outer.fence
+
+
+# -- in a Celery task: the execution is the task run ------------------------------------
+
+
+@pytest.fixture
+def app(redis_server_factory: Any, redis_nodes: RedisCluster) -> Celery:
+    broker: RedisServer = redis_server_factory()
+    app = Celery("reentry", broker=broker.url, backend=broker.url, set_as_current=False)
+    app.conf.redlock_nodes = redis_nodes.urls
+    return app
+
+
+def test_a_task_body_re_acquires_its_own_key(app: Celery, redis_nodes: RedisCluster) -> None:
+    def body(self: RedlockTask, n: int) -> list[Any]:
+        options = self.redlock_options()
+        redlock = app_config(self.app).redlock(options.node_timeout, options.fencing)
+        lease = self.redlock
+        assert lease is not None
+        seen: list[Any] = []
+        try:
+            redlock.acquire(lease.key)
+        except AlreadyHeld as exc:
+            seen.append(type(exc).__name__)
+        with redlock.lock(lease.key, reentrant=True) as inner:
+            seen.append(inner.value == lease.value)
+            seen.append(sorted({int(c.scard(reentry_holds(lease.key, lease.value)))
+                                for c in _clients(redis_nodes)}))  # fmt: skip
+        # Our inner hold is gone; the task's own lease still holds the key.
+        seen.append(sorted({c.get(lease.key) == lease.value.encode()
+                            for c in _clients(redis_nodes)}))  # fmt: skip
+        return seen
+
+    job: Any = app.task(
+        shared=False, bind=True, base=RedlockTask, redlock_key="job:{n}", name="r.job"
+    )(body)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        result = job.delay(1).get(timeout=30)
+    assert result == ["AlreadyHeld", True, [2], [True]]
+    assert _values(redis_nodes, job.lock_key((1,), {})) == [None] * 5  # the run released it
+
+
+def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: RedisCluster) -> None:
+    # The watchdog renews plain leases in batches (EXTEND_MANY, key only); a
+    # re-entered lease must have its holds set renewed with its key, or the count
+    # would expire first. Observed on the nodes, past several TTLs.
+    redlock = Redlock(redis_nodes.urls, ttl=1.0, node_timeout=NODE_TIMEOUT)
+    with redlock.lock("renewed", auto_extend=True) as outer:
+        inner = redlock.acquire("renewed", reentrant=True)
+        assert inner is not None
+        extended = threading.Event()
+        outer.on_extended(lambda _: extended.set() if outer.extensions >= 6 else None)
+        assert extended.wait(30), "the watchdog never renewed the lease six times"
+        holds_ttl = [c.pttl(reentry_holds("renewed", outer.value)) for c in _clients(redis_nodes)]
+        assert all(ttl > 0 for ttl in holds_ttl), holds_ttl
+        assert _holds(redis_nodes, "renewed", outer.value) == [2] * 5
+        assert inner.release() is True
+    assert _values(redis_nodes, "renewed") == [None] * 5

@@ -1,0 +1,219 @@
+"""The watchdog renews the leases due together in one round per lock (renewals.py).
+
+What each test observes comes from the nodes themselves (``INFO commandstats``,
+GET and PTTL on every node), never from the lease's word: the leases' own events
+only say when to look. Each test runs its own ``Watchdog`` (not the process's), so
+no other test's leases share its batches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import redis
+
+from celery_redlock import Lease, Redlock
+from celery_redlock import renewals as renewals_module
+from celery_redlock.testing import FaultProxyFactory, RedisCluster, RedisClusterFactory
+from celery_redlock.watchdog import Watchdog
+
+TTL = 3.0
+INTERVAL = TTL / 3
+
+
+class Renewals:
+    """Has ``watchdog`` renew ``leases`` every INTERVAL (all watched within a few ms:
+    due within one window) and counts each lease's extensions and losses, from its
+    callbacks (only to know when to look)."""
+
+    def __init__(self, leases: Sequence[Lease], watchdog: Watchdog) -> None:
+        self._watchdog = watchdog
+        self._lock = threading.Lock()
+        self.extended: dict[int, int] = {}
+        self.lost: list[Lease] = []
+        self._changed = threading.Condition(self._lock)
+        for lease in leases:
+            self.watch(lease)
+
+    def watch(self, lease: Lease) -> None:
+        with self._changed:
+            self.extended[id(lease)] = 0
+        lease.on_extended(self._on_extended)
+        lease.on_lost(self._on_lost)
+        self._watchdog.watch(lease, INTERVAL)
+
+    def _on_extended(self, lease: Lease) -> None:
+        with self._changed:
+            self.extended[id(lease)] += 1
+            self._changed.notify_all()
+
+    def _on_lost(self, lease: Lease) -> None:
+        with self._changed:
+            self.lost.append(lease)
+            self._changed.notify_all()
+
+    def wait(self, condition: str, timeout: float) -> None:
+        checks = {
+            "all extended": lambda: all(self.extended.values()),
+            "one lost": lambda: bool(self.lost),
+        }
+        with self._changed:
+            assert self._changed.wait_for(checks[condition], timeout), condition
+
+
+@pytest.fixture
+def watchdog() -> Iterator[Watchdog]:
+    dog = Watchdog()
+    yield dog
+    with dog._cond:  # stop renewing whatever the test left watched
+        dog._watched.clear()
+
+
+def _acquire(redlock: Redlock, count: int, prefix: str) -> list[Lease]:
+    leases = []
+    for i in range(count):
+        lease = redlock.acquire(f"{prefix}:{i}", ttl=TTL, blocking=False)
+        assert lease is not None
+        leases.append(lease)
+    return leases
+
+
+def _holders(client: redis.Redis, keys: Sequence[str]) -> list[tuple[object, int]]:
+    """Each key's value and PTTL on one node, read in one pipeline."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+        pipe.pttl(key)
+    replies = pipe.execute()
+    return list(zip(replies[::2], replies[1::2]))
+
+
+def _assert_held_everywhere(
+    clients: Sequence[redis.Redis], leases: Sequence[Lease], expiring_after: float
+) -> None:
+    """Every lease's own value on every node, with a TTL that the acquire alone
+    could not explain: ``expiring_after`` is past each acquire's ttl."""
+    keys = [lease.key for lease in leases]
+    for client in clients:
+        for lease, (value, pttl) in zip(leases, _holders(client, keys)):
+            assert value == lease.value.encode(), (lease.key, value)
+            assert pttl > 0, (lease.key, pttl)
+    assert time.monotonic() > expiring_after
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_many_due_leases_are_renewed_by_one_call_per_node(
+    redis_nodes: RedisCluster, watchdog: Watchdog
+) -> None:
+    redlock = Redlock(redis_nodes.urls, ttl=TTL)
+    leases = _acquire(redlock, 50, "batch")
+    clients = [server.client() for server in redis_nodes]
+    for client in clients:
+        client.config_resetstat()
+    renewals = Renewals(leases, watchdog)
+    renewals.wait("all extended", timeout=TTL)
+    for lease in leases:
+        watchdog.unwatch(lease)
+    for client in clients:
+        scripts, pexpires = _calls(client, "evalsha"), _calls(client, "pexpire")
+        # Each call the node ran extended all 50 keys: 50 renewals, not 50 calls.
+        assert scripts >= 1
+        assert pexpires == 50 * scripts, (scripts, pexpires)
+        assert _calls(client, "eval") == 0
+    assert not renewals.lost
+    for lease in leases:
+        lease.release()
+
+
+def test_one_stolen_lease_among_many_is_reported_lost_alone(
+    redis_nodes: RedisCluster, watchdog: Watchdog
+) -> None:
+    redlock = Redlock(redis_nodes.urls, ttl=TTL)
+    leases = _acquire(redlock, 20, "steal")
+    clients = [server.client() for server in redis_nodes]
+    renewals = Renewals(leases, watchdog)
+    stolen = leases[7]
+    for client in clients:  # another holder's value, on every node
+        client.set(stolen.key, "thief|elsewhere", px=60_000)
+    renewals.wait("one lost", timeout=TTL)
+    # Past every acquire's ttl: a key still there was renewed.
+    time.sleep(max(0.0, max(lease.acquired_at for lease in leases) + TTL + 0.2 - time.monotonic()))
+    others = [lease for lease in leases if lease is not stolen]
+    _assert_held_everywhere(clients, others, leases[-1].acquired_at + TTL)
+    for client in clients:
+        assert client.get(stolen.key) == b"thief|elsewhere"  # never touched
+    assert renewals.lost == [stolen]
+    assert stolen.lost_reason is not None and "reached 0 of 5" in stolen.lost_reason
+    assert all(lease.held for lease in others)
+    for lease in others:
+        lease.release()
+
+
+def test_a_node_reset_in_the_middle_of_a_batch_loses_no_lease(
+    redis_nodes: RedisCluster,
+    fault_proxy_factory: FaultProxyFactory,
+    watchdog: Watchdog,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Several calls per node in each round (chunks of 5), and every node needed:
+    # two of five are down, the third answers through a proxy.
+    monkeypatch.setattr(renewals_module, "CHUNK", 5)
+    proxy = fault_proxy_factory(redis_nodes[0])
+    urls = [proxy.url, *redis_nodes.urls[1:]]
+    redlock = Redlock(urls, ttl=TTL, node_timeout=0.3)
+    leases = _acquire(redlock, 23, "reset")
+    redis_nodes[3].kill()
+    redis_nodes[4].kill()
+    behind = redis_nodes[0].client()
+    before = _calls(behind, "evalsha")
+    proxy.hold_replies()
+    renewals = Renewals(leases, watchdog)
+    # The node has run the batch's five calls; their replies are held in the proxy.
+    deadline = time.monotonic() + TTL
+    while _calls(behind, "evalsha") < before + 5:
+        assert time.monotonic() < deadline, "the batch never reached node 0"
+        time.sleep(0.005)
+    proxy.reset()  # the connection dies mid-round, its replies unread
+    proxy.heal()
+    renewals.wait("all extended", timeout=TTL)
+    time.sleep(max(0.0, leases[-1].acquired_at + TTL + 0.2 - time.monotonic()))
+    live = [server.client() for server in redis_nodes[:3]]
+    _assert_held_everywhere(live, leases, leases[-1].acquired_at + TTL)
+    assert not renewals.lost
+    for lease in leases:
+        watchdog.unwatch(lease)
+
+
+@pytest.mark.slow
+def test_1000_leases_on_nodes_10ms_away_all_stay_held(
+    redis_cluster_factory: RedisClusterFactory,
+    fault_proxy_factory: FaultProxyFactory,
+    watchdog: Watchdog,
+) -> None:
+    cluster = redis_cluster_factory(5)
+    proxies = [fault_proxy_factory(server) for server in cluster]
+    redlock = Redlock([proxy.url for proxy in proxies], ttl=TTL)
+    renewals = Renewals([], watchdog)
+    leases = []
+    for i in range(1000):  # before the delay: fast; each one watched at once
+        lease = redlock.acquire(f"far:{i}", ttl=TTL, blocking=False)
+        assert lease is not None
+        renewals.watch(lease)
+        leases.append(lease)
+    for proxy in proxies:
+        proxy.delay(0.01)  # each way: a round trip of 20 ms or more
+    clients = [server.client() for server in cluster]
+    # Three times past the acquires' ttl: any lease the watchdog dropped is gone.
+    for rounds in range(1, 4):
+        time.sleep(max(0.0, leases[-1].acquired_at + rounds * TTL - time.monotonic()))
+        _assert_held_everywhere(clients, leases, leases[-1].acquired_at + rounds * TTL)
+    assert not renewals.lost
+    for lease in leases:
+        watchdog.unwatch(lease)
