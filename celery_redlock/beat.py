@@ -350,6 +350,7 @@ class RedlockSchedulerMixin(_SchedulerBase):  # type: ignore[misc]
         except QuorumUnavailable as exc:
             return Outcome.MISSED, f"lock nodes unavailable: {exc}"
         if not isinstance(result, Refused):
+            self.redlock.hand_over(result)  # left to expire: this thread holds nothing
             return self._check_won(entry, tick, result)
         # Only a quorum holder has sent it; else the beats split the nodes between
         # them and each released its share.

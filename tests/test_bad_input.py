@@ -457,8 +457,10 @@ def test_separators_in_a_holder_survive_the_round_trip(stack: Stack) -> None:
     try:
         lease = redlock.acquire("bad:holder", blocking=False, holder=holder)
         assert lease is not None
+        other = Redlock(stack.nodes.urls, ttl=5)  # another holder (this one would be AlreadyHeld)
         with pytest.raises(LockContended) as caught:
-            redlock.try_acquire("bad:holder", blocking=False)
+            other.try_acquire("bad:holder", blocking=False)
+        other.close()
         assert caught.value.holder == holder
         assert redlock.holder("bad:holder").holder == holder
         lease.release()
