@@ -125,9 +125,9 @@ class Ask(NamedTuple):
     enough_no: Optional[int] = None
     wait: bool = True
     deliver: bool = False
-    #: Sent to every node at once, without waiting, when the round is cancelled
-    #: (asyncio): an acquire's release, so a cancelled acquire keeps nothing.
-    undo: Optional[Command] = None
+    #: Builds what is sent to every node at once, without waiting, when the round is
+    #: cancelled (asyncio): an acquire's release, so a cancelled acquire keeps nothing.
+    undo: Optional[Callable[[], Command]] = None
 
 
 class Pause(NamedTuple):

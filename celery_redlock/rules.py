@@ -37,6 +37,7 @@ not import nodes.py, redlock.py, admin.py, asyncio or Celery.
 
 from __future__ import annotations
 
+import functools
 import random
 import secrets
 import time
@@ -153,7 +154,7 @@ class LockRules(Reentry):
         command: Command,
         is_yes: Callable[[object], bool],
         timeout: float,
-        undo: Optional[Command] = None,
+        undo: Optional[Callable[[], Command]] = None,
     ) -> Ask:
         """A round that stops as soon as a quorum said yes, or can no longer."""
         return Ask(command, timeout, is_yes, self.quorum, self._enough_no, undo=undo)
@@ -259,7 +260,8 @@ class LockRules(Reentry):
             )
         else:
             command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
-        undo = release_command(key, value, ttl)
+        # Built only when needed (a lost or cancelled round): not on the hot path.
+        undo = functools.partial(release_command, key, value, ttl)
         started = self._clock()
         results = yield self._quorum_ask(command, is_granted, self.node_timeout, undo=undo)
         granted = [r for r in results if is_granted(r)]
@@ -275,11 +277,16 @@ class LockRules(Reentry):
                 )  # fmt: skip
                 return Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
-        yield Ask(undo, 0.0, wait=False, deliver=True)
+        yield Ask(undo(), 0.0, wait=False, deliver=True)
         return self._why_not(key, results)
 
     def _fence(
-        self, key: str, value: str, granted: list[object], deadline: float, undo: Command
+        self,
+        key: str,
+        value: str,
+        granted: list[object],
+        deadline: float,
+        undo: Callable[[], Command],
     ) -> Steps[Optional[int]]:
         """Second round of a fenced acquire: the fence T, recorded on every node that
         still holds our token; counts only with a majority within validity.
@@ -321,7 +328,7 @@ class LockRules(Reentry):
         hold = secrets.token_urlsafe(9)
         started = self._clock()
         command = reenter_command(held.key, held.value, hold, ttl)
-        undo = release_command(held.key, held.value, ttl, hold)
+        undo = functools.partial(release_command, held.key, held.value, ttl, hold)
         results = yield self._quorum_ask(command, is_reentered, self.node_timeout, undo=undo)
         deadline = min(started + ttl - self._margin(ttl), held.deadline)
         if sum(1 for r in results if is_reentered(r)) >= self.quorum and self._clock() < deadline:
@@ -331,7 +338,7 @@ class LockRules(Reentry):
             )  # fmt: skip
             lease.hold = hold
             return Attempt(lease)
-        yield Ask(undo, 0.0, wait=False, deliver=True)
+        yield Ask(undo(), 0.0, wait=False, deliver=True)
         return self._why_not(held.key, results)
 
     # -- extend, release, queries -----------------------------------------------------

@@ -242,6 +242,56 @@ def test_a_hung_node_costs_nothing_while_a_quorum_answers(redis_nodes: RedisClus
     run(scenario())
 
 
+def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisCluster) -> None:
+    # Their rounds share each node's connection (written together in one loop turn).
+    clients = _clients(redis_nodes)
+
+    async def scenario() -> None:
+        redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+
+        async def one(i: int) -> str:
+            lease = await redlock.try_acquire(f"many:{i}", blocking=False)
+            await asyncio.sleep(0)
+            assert [c.get(f"many:{i}") for c in clients] == [lease.value.encode()] * 5
+            assert await lease.release() is True
+            return lease.value
+
+        values = await asyncio.gather(*(one(i) for i in range(40)))
+        assert len(set(values)) == 40
+        assert all(c.keys("many:*") == [] for c in clients)
+
+    run(scenario())
+
+
+def test_rounds_in_flight_together_each_end_at_their_own_deadline(
+    redis_nodes: RedisCluster,
+) -> None:
+    # One timer serves every round in flight: each ends at its own node_timeout.
+    async def scenario() -> None:
+        short = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=0.2)
+        for server in list(redis_nodes)[:3]:
+            server.pause()
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+
+            async def attempt(delay: float) -> float:
+                await asyncio.sleep(delay)
+                with pytest.raises(QuorumUnavailable):
+                    await short.acquire("late", blocking=False)
+                return loop.time() - started
+
+            ends = await asyncio.gather(*(attempt(0.05 * i) for i in range(4)))
+            # Each waited its own node_timeout after its start (no earlier: the
+            # paused nodes never answer), whatever the others' deadlines.
+            assert all(end >= 0.05 * i + 0.2 for i, end in enumerate(ends))
+        finally:
+            for server in list(redis_nodes)[:3]:
+                server.resume()
+
+    run(scenario())
+
+
 def test_a_restarted_node_is_reconnected_on_a_later_round(redis_nodes: RedisCluster) -> None:
     clients = _clients(redis_nodes)
 

@@ -76,6 +76,7 @@ class NodeConnection(asyncio.Protocol):
         self.closed = False
         self.owed: deque[Owed] = deque()
         self.inbuf = bytearray()
+        self.outbuf: list[bytes] = []  # queued, not yet written (see ``queue``)
         greeting, tags = node.handshake
         self._greeting: Optional[bytes] = greeting
         for tag in tags:
@@ -106,15 +107,18 @@ class NodeConnection(asyncio.Protocol):
 
     # -- what the round asks ---------------------------------------------------------
 
-    def usable(self, now: float, owed_age: float) -> bool:
-        """Whether a round may use this connection now (else: a fresh one)."""
-        if self.closed or self.loop is not _running_loop():
+    def usable(self, now: float, owed_age: float, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether a round on ``loop`` may use this connection now (else: a fresh one)."""
+        if self.closed or self.loop is not loop:
             return False
         if self.transport is None:
             return now - self.born < MAX_CONNECTING
-        if len(self.owed) > MAX_OWED_REPLIES:
+        owed_queue = self.owed
+        if not owed_queue:
+            return True
+        if len(owed_queue) > MAX_OWED_REPLIES:
             return False
-        for owed in self.owed:
+        for owed in owed_queue:
             if owed.tag == _RESULT:
                 return now - owed.sent <= owed_age  # that reply is not coming: start afresh
         return True
@@ -122,14 +126,31 @@ class NodeConnection(asyncio.Protocol):
     def send(
         self, command: Command, payload: bytes, waiter: Optional[Waiter], node: int, now: float
     ) -> Owed:
-        """Write one command (queued until connected); ``waiter`` is told its reply."""
+        """Write one command now, behind any queued (queued until connected);
+        ``waiter`` is told its reply."""
+        owed = self.queue(command, payload, waiter, node, now)
+        self.flush()
+        return owed
+
+    def queue(
+        self, command: Command, payload: bytes, waiter: Optional[Waiter], node: int, now: float
+    ) -> Owed:
+        """As ``send``, but written by the next ``flush``: the rounds of every task
+        that sends in one turn of the event loop go out in one write per node."""
         owed = Owed(_RESULT, command, waiter, node, now)
         self.owed.append(owed)
         if self.transport is not None:
-            self.transport.write(payload)
+            self.outbuf.append(payload)
         else:
             owed.payload = payload
         return owed
+
+    def flush(self) -> None:
+        """Write what ``queue`` left, in one write."""
+        out = self.outbuf
+        if out and self.transport is not None:
+            self.outbuf = []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def abandon(self, owed: Owed, deliver: bool) -> None:
         """The round stopped waiting for ``owed``. Still unwritten (connecting) and
@@ -190,6 +211,7 @@ class NodeConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.outbuf = []
         owed, self.owed = self.owed, deque()
         for entry in owed:
             if entry.waiter is not None:
@@ -205,11 +227,4 @@ def _current_task() -> Optional[asyncio.Task[Any]]:
     try:
         return asyncio.current_task()
     except RuntimeError:  # no running loop
-        return None
-
-
-def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
         return None
