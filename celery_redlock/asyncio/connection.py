@@ -128,8 +128,16 @@ class NodeConnection(asyncio.Protocol):
     ) -> Owed:
         """Write one command now, behind any queued (queued until connected);
         ``waiter`` is told its reply."""
-        owed = self.queue(command, payload, waiter, node, now)
-        self.flush()
+        owed = Owed(_RESULT, command, waiter, node, now)
+        self.owed.append(owed)
+        transport = self.transport
+        if transport is None:
+            owed.payload = payload
+        elif self.outbuf:
+            self.outbuf.append(payload)
+            self.flush()
+        else:
+            transport.write(payload)
         return owed
 
     def queue(
