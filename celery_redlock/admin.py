@@ -14,8 +14,9 @@ Must not import redlock.py or Celery.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar, Union
 
+from .commands import ms
 from .errors import QuorumUnavailable
 from .holders import is_lock_key
 from .lease import Duration, Lease
@@ -29,7 +30,6 @@ from .quorum import (
     is_answer,
     is_one,
     lease_value,
-    ms,
     token_argument,
 )
 from .rules import LockRules
@@ -112,10 +112,13 @@ class LockQueries(LockRules):
             ask.deliver,
         )  # fmt: skip
 
-    def extend_value(self, key: str, value: str, ttl: Optional[Duration] = None) -> bool:
+    def extend_value(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
+    ) -> bool:
         """Push ``key``'s expiry to ``ttl`` seconds from now (default: this lock's
         ttl) on all nodes where it still holds ``value`` (a lease's ``token|holder``),
-        for a process that holds no ``Lease`` but was handed the value.
+        for a process that holds no ``Lease`` but was handed the value. ``key`` may be
+        the list of keys a lease took together (each node extends all or none).
 
         True when a quorum extended it; False when it is no longer that holder's
         (too many nodes answered that it is not); ``QuorumUnavailable`` when too few

@@ -75,10 +75,16 @@ class Lease:
         deadline: float,
         fence: Optional[int],
         max_hold: Optional[float],
+        *,
+        keys: Optional[tuple[str, ...]] = None,
     ) -> None:
         self._owner = owner
         self._clock = clock
         self.key = key
+        #: Every key the lease holds, in canonical (sorted) order: ``(key,)`` for a
+        #: lease on one key; for one on several (``acquire(["a", "b"])``), ``key`` is
+        #: their names joined by ``+``, a name for logs rather than a key on the nodes.
+        self.keys = keys or (key,)
         self.token = token
         self.holder = holder
         self.value = f"{token}|{holder}"

@@ -36,6 +36,7 @@ __all__ = [
     "CALL_OPTIONS",
     "DEFAULTS",
     "ONCE_OPTIONS",
+    "ONCE_TASK_OPTIONS",
     "OPTIONS",
     "TASK_OPTIONS",
     "Option",
@@ -44,6 +45,7 @@ __all__ = [
     "call_options",
     "check_setting_names",
     "check_task_names",
+    "once_task_options",
     "readme_table",
     "task_options",
 ]
@@ -309,6 +311,45 @@ ONCE_TASK_LEVEL = {
     "unlock_before_run": "nothing: the queue place is always handed back when the task "
     "starts (celery-once's unlock_before_run=True), and the run-time lock covers the run",
 }
+
+
+#: celery-once's task-level ``once = {...}`` class attribute, read on a RedlockTask
+#: (so a migration is a base-class change): each key and the task option it sets.
+#: A task with ``once`` has ``redlock_dedupe_queued`` on, as every celery-once task.
+ONCE_TASK_OPTIONS: dict[str, str] = {
+    "graceful": 'redlock_on_queued ("return" for True, "raise" for False)',
+    "timeout": "redlock_queued_ttl (seconds)",
+    "keys": "redlock_key (a list of argument names)",
+    "unlock_before_run": "nothing: True or False, the queue place is handed back when "
+    "the task starts and the run-time lock covers the run",
+}
+
+
+def once_task_options(task_name: str, once: Any) -> dict[str, Any]:
+    """The ``redlock_*`` task options a celery-once ``once`` class attribute stands
+    for (see ONCE_TASK_OPTIONS); ConfigurationError naming the bad key or value."""
+    names = ", ".join(repr(name) for name in ONCE_TASK_OPTIONS)
+    if not isinstance(once, Mapping):
+        raise ConfigurationError(
+            f"task {task_name}: once must be a dict with keys among {names}, "
+            f"got {type(once).__name__}: {once!r}"
+        )
+    values: dict[str, Any] = {"redlock_dedupe_queued": True}
+    for name, value in once.items():
+        shown = f"task {task_name}: once[{name!r}]"
+        if name == "graceful":
+            values["redlock_on_queued"] = "return" if validate.flag(shown, value) else "raise"
+        elif name == "timeout":
+            values["redlock_queued_ttl"] = _seconds(shown, value)
+        elif name == "keys":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(k, str) for k in value):
+                raise ConfigurationError(f"{shown} must be a list of argument names, got {value!r}")
+            values["redlock_key"] = tuple(value)
+        elif name == "unlock_before_run":
+            validate.flag(shown, value)
+        else:
+            raise ConfigurationError(f"{shown}: unknown key; accepted: {names}")
+    return values
 
 
 def call_options(options: TaskOptions, redlock: Any = None, once: Any = None) -> TaskOptions:

@@ -30,7 +30,6 @@ __all__ = [
     "is_one",
     "judge_exit",
     "lease_value",
-    "ms",
     "quorum",
     "token_argument",
 ]
@@ -54,10 +53,6 @@ def is_one(reply: object) -> bool:
 
 def is_answer(reply: object) -> bool:
     return not isinstance(reply, BaseException)
-
-
-def ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 def token_argument(token: object) -> str:

@@ -18,11 +18,12 @@ Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
 holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
 (``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
 replies read as True, False or ``QuorumUnavailable`` are admin.py; the steps of
-each operation, shared with the asyncio driver, are rules.py (reentrancy's record
-reentry.py, refusals refusal.py, extension arithmetic extension.py, the watchdog's
-batched renewal renewals.py); talking to the nodes is nodes.py; the Lua is
-scripts.py. This module knows nothing about Celery and must not
-import it; lease.py, holders.py and watchdog.py must not import this module.
+each operation, shared with the asyncio driver, are rules.py (what each operation
+sends, for one key or a set of keys, commands.py; reentrancy's record reentry.py,
+refusals refusal.py, extension arithmetic extension.py, the watchdog's batched
+renewal renewals.py); talking to the nodes is nodes.py; the Lua is scripts.py.
+This module knows nothing about Celery and must not import it; lease.py,
+holders.py and watchdog.py must not import this module.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Sequence, Union
 
-from . import validate
 from .admin import LockQueries
+from .commands import Keys, lock_keys
 from .errors import QuorumUnavailable, RedlockError
 from .holders import (
     FENCE,
@@ -144,7 +145,7 @@ class Redlock(LockQueries):
 
     def acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -174,13 +175,21 @@ class Redlock(LockQueries):
         ``holder``/``token`` are the held lease's). Each hold is a Lease of its own
         with the same token and fence, released on its own; the key goes with the
         last hold. Its validity never reaches past the held lease's at the time.
+
+        ``key`` may be a list of keys to take together (at most ``MAX_KEYS``,
+        distinct): every key or none, on each node in one script, in sorted order,
+        so two sets that overlap never deadlock. ``lease.keys`` lists them and
+        ``lease.key`` joins them with ``+``; extend and release cover the whole
+        set, and a fenced lease's fence orders the holders of each of its keys.
+        Not with ``reentrant=True``; re-acquiring any key of a held set raises
+        ``AlreadyHeld``.
         """
         attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         return attempt.outcome(key, False)
 
     def try_acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -198,7 +207,7 @@ class Redlock(LockQueries):
 
     def _acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
         timeout: Optional[Duration],
@@ -215,7 +224,7 @@ class Redlock(LockQueries):
     @contextmanager
     def lock(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         timeout: Optional[Duration] = None,
         blocking: bool = True,
@@ -266,13 +275,13 @@ class Redlock(LockQueries):
 
     # -- release and inspection ------------------------------------------------------
 
-    def release_value(self, key: str, value: str) -> bool:
+    def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
         """Compare-and-delete ``key`` on all nodes if it still holds ``value`` (a
         lease's ``token|holder``): releases a lock taken by another process that
         handed its value over, e.g. in a message header. Never touches another
-        holder's lock. Returns and raises as ``Lease.release``."""
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        return self._release(key, lease_value(value), self.ttl)
+        holder's lock. ``key`` may be the list of keys a lease took together.
+        Returns and raises as ``Lease.release``."""
+        return self._release(lock_keys(key), lease_value(value), self.ttl)
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
@@ -292,8 +301,8 @@ class Redlock(LockQueries):
     def _release_lease(self, lease: Lease) -> bool:
         return self._drive(self._release_lease_steps(lease))
 
-    def _release(self, key: str, value: str, ttl: float) -> bool:
-        return self._drive(self._release_steps(key, value, ttl))
+    def _release(self, keys: Keys, value: str, ttl: float) -> bool:
+        return self._drive(self._release_steps(keys, value, ttl))
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""

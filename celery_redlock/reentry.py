@@ -18,12 +18,11 @@ Timeline it guards against, without reentrancy: a helper called inside
 block's lease, and gives up after the outer lease's TTL -- or, with a long
 timeout, the outer block's watchdog keeps renewing it and the helper never wins.
 
-The pure pieces (which command a lease's extend and release send, the REENTER
-command and how its replies read) are shared by every driver; the re-acquiring
-round itself is ``LockRules._reenter_steps`` (rules.py). A driver says what its
-execution is: ``HeldLeases(identify=...)`` (the asyncio driver: the current
-asyncio Task). Imports lease.py, holders.py, quorum.py, resp.py and scripts.py;
-must not import rules.py, nodes.py, redlock.py or Celery.
+The command builders (commands.py) and the REENTER reply's judging are shared by
+every driver; the re-acquiring round itself is ``LockRules._reenter_steps``
+(rules.py). A driver says what its execution is: ``HeldLeases(identify=...)`` (the
+asyncio driver: the current asyncio Task). Imports commands.py and lease.py; must
+not import rules.py, nodes.py, redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -35,21 +34,15 @@ from contextvars import ContextVar
 from fnmatch import fnmatchcase
 from typing import Callable, Optional
 
-from . import scripts
-from .holders import reentry_holds, tombstone
+from .commands import Keys
 from .lease import Lease
-from .quorum import ms
-from .resp import Command
 
 __all__ = [
     "HeldLeases",
     "Reentry",
     "current_execution",
     "execution",
-    "extend_command",
     "is_reentered",
-    "reenter_command",
-    "release_command",
 ]
 
 #: The execution running now, when a framework says so (task.py: one per task run);
@@ -64,31 +57,6 @@ SWEEP_AT = 256
 def current_execution() -> str:
     """Who is acquiring: the task run set in ``execution``, else this thread."""
     return execution.get() or f"thread {threading.get_ident()}"
-
-
-def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:
-    """One more hold of ``value`` on ``key`` for ``ttl`` seconds (scripts.REENTER)."""
-    return Command(scripts.REENTER, [key, reentry_holds(key, value)], [value, ms(ttl), hold])
-
-
-def release_command(key: str, value: str, ttl: float, hold: Optional[str] = None) -> Command:
-    """Release ``value`` on ``key`` (one ``hold`` of it, when it was re-entered); a
-    tombstone for ``ttl`` s where the key is absent."""
-    if hold is None:
-        return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
-    return Command(
-        scripts.RELEASE_HOLD,
-        [key, reentry_holds(key, value), tombstone(key, value)],
-        [value, hold, ms(ttl)],
-    )
-
-
-def extend_command(key: str, value: str, ttl: float, hold: Optional[str] = None) -> Command:
-    """Extend ``value`` on ``key`` to ``ttl`` s from now; once re-entered, never
-    shorter than it was (another hold of the value may count on it)."""
-    if hold is None:
-        return Command(scripts.EXTEND, [key], [value, ms(ttl)])
-    return Command(scripts.EXTEND_HOLD, [key, reentry_holds(key, value)], [value, ms(ttl)])
 
 
 def is_reentered(reply: object) -> bool:
@@ -110,21 +78,25 @@ class HeldLeases:
         self._sweep_at = SWEEP_AT
         _ALL.add(self)
 
-    def live(self, key: str) -> Optional[Lease]:
-        """A lease this execution won on ``key`` that is still held, if any."""
-        place = (self.execution(), key)
+    def live(self, keys: Keys) -> Optional[Lease]:
+        """A lease this execution won on one of ``keys`` that is still held, if any
+        (a lease on several keys is found under each of them)."""
+        execution = self.execution()
         with self._lock:
-            leases = [lease for lease in self._held.get(place, ()) if lease.held]
-            if leases:
-                self._held[place] = leases
-                return leases[0]
-            self._held.pop(place, None)
+            for key in keys:
+                place = (execution, key)
+                leases = [lease for lease in self._held.get(place, ()) if lease.held]
+                if leases:
+                    self._held[place] = leases
+                    return leases[0]
+                self._held.pop(place, None)
             return None
 
     def add(self, lease: Lease) -> None:
         lease.execution = self.execution()
         with self._lock:
-            self._held.setdefault((lease.execution, lease.key), []).append(lease)
+            for key in lease.keys:
+                self._held.setdefault((lease.execution, key), []).append(lease)
             if len(self._held) > self._sweep_at:
                 # Leases left to expire (beat ticks) are never released: drop the
                 # ended ones now and then, so the record stays as small as what is held.
@@ -134,21 +106,24 @@ class HeldLeases:
                 self._sweep_at = max(SWEEP_AT, 2 * len(self._held))
 
     def forget(self, lease: Lease) -> None:
-        place = (lease.execution or "", lease.key)
         with self._lock:
-            leases = [other for other in self._held.get(place, ()) if other is not lease]
-            if leases:
-                self._held[place] = leases
-            else:
-                self._held.pop(place, None)
+            self._drop({id(lease)}, [(lease.execution or "", key) for key in lease.keys])
 
     def forget_keys(self, key: Optional[str] = None, match: Optional[str] = None) -> None:
         """An operator deleted ``key`` (or every key matching the glob ``match``): no
-        execution holds it any more."""
+        execution holds it any more, nor the rest of a set it was taken with."""
         with self._lock:
-            for place in list(self._held):
-                if place[1] == key or (match is not None and fnmatchcase(place[1], match)):
-                    del self._held[place]
+            gone = [p for p in self._held if p[1] == key or (match and fnmatchcase(p[1], match))]
+            leases = {id(lease) for place in gone for lease in self._held[place]}
+            self._drop(leases, list(self._held))
+
+    def _drop(self, leases: set[int], places: list[tuple[str, str]]) -> None:
+        for place in places:
+            kept = [lease for lease in self._held.get(place, ()) if id(lease) not in leases]
+            if kept:
+                self._held[place] = kept
+            else:
+                self._held.pop(place, None)
 
     def clear(self) -> None:
         with self._lock:

@@ -6,7 +6,8 @@ the key -- who, and when a quorum of its keys frees -- or too few nodes answered
 (``why_not``). ``Attempt`` carries the outcome to the retry loop, and to the caller
 (``Attempt.outcome``: the lease, None, or the error to raise).
 
-Imports lease.py, holders.py and errors.py; must not import redlock.py or Celery.
+Imports lease.py, holders.py, commands.py and errors.py; must not import redlock.py
+or Celery.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
+from .commands import lease_name, lock_keys
 from .errors import LockContended, QuorumUnavailable
 from .holders import split_value
 from .lease import Lease
@@ -38,14 +40,15 @@ class Attempt:
     holder_ttl: Optional[float] = None
     unavailable: Optional[QuorumUnavailable] = None
 
-    def outcome(self, key: str, contended: bool) -> Optional[Lease]:
+    def outcome(self, key: Union[str, Sequence[str]], contended: bool) -> Optional[Lease]:
         """The lease; ``QuorumUnavailable`` when too few nodes answered; when not
         won, ``None``, or ``LockContended`` (holder, its remaining TTL) if
-        ``contended``."""
+        ``contended``. ``key``: the acquire's (one key, or a set named as its lease)."""
         if self.unavailable is not None:
             raise self.unavailable
         if self.lease is None and contended:
-            raise LockContended(key, self.holder, self.holder_ttl)
+            name = key if isinstance(key, str) else lease_name(lock_keys(key))
+            raise LockContended(name, self.holder, self.holder_ttl)
         return self.lease
 
 

@@ -14,7 +14,7 @@ While its round runs, each lease's lock is held (``Lease._hold_for_extension``),
 that no ``extend`` or ``release`` of the same lease interleaves, as with
 ``Lease.extend``. Leases whose lock cannot renew in batches are extended one by one.
 
-Imports lease.py, extension.py, nodes.py, scripts.py, quorum.py (``ms``, ``is_one``)
+Imports lease.py, extension.py, nodes.py, scripts.py, commands.py (``ms``), quorum.py (``is_one``)
 and background.py; not redlock.py (the lock
 imports the watchdog, which imports this module), nor Celery.
 """
@@ -27,10 +27,11 @@ from typing import Callable, Final, Protocol, Sequence, runtime_checkable
 
 from . import scripts
 from .background import in_hub
+from .commands import ms
 from .extension import extension_outcome, extension_ttl
 from .lease import Extension, Lease
 from .nodes import Batch, Command, NodeSet
-from .quorum import is_one, ms
+from .quorum import is_one
 
 __all__ = ["CHUNK", "BatchOwner", "extend_batch", "renew"]
 
@@ -113,11 +114,12 @@ def renew(leases: Sequence[Lease]) -> list[bool]:
             extended[index] = _extend_one(lease)
     for indexes in by_owner.values():
         held = [i for i in indexes if leases[i]._hold_for_extension()]
-        # A re-entered lease (reentry.py) extends its holds with its key: its own
-        # round, still under the lease's lock so no hold is counted meanwhile.
-        plain = [i for i in held if leases[i].hold is None]
+        # A re-entered lease (reentry.py) extends its holds with its key, a set of
+        # keys (commands.py) all of them at once: each its own round, still under
+        # the lease's lock so no hold is counted meanwhile.
+        plain = [i for i in held if _batchable(leases[i])]
         for i in held:
-            if leases[i].hold is not None:
+            if not _batchable(leases[i]):
                 extended[i] = leases[i]._finish_extension(_outcome([leases[i]])[0])
         if plain:
             group = [leases[i] for i in plain]
@@ -126,13 +128,18 @@ def renew(leases: Sequence[Lease]) -> list[bool]:
     return extended
 
 
+def _batchable(lease: Lease) -> bool:
+    """Whether ``EXTEND_MANY`` renews ``lease``: one key, never re-entered."""
+    return lease.hold is None and len(lease.keys) == 1
+
+
 def _outcome(group: list[Lease]) -> list[Extension]:
     """Each lease's extension (one batch round; one plain round for one re-entered
     lease); every lease of ``group`` has one lock, held for extension."""
     owner = group[0].owner
     assert isinstance(owner, BatchOwner)
     try:
-        if len(group) == 1 and group[0].hold is not None:
+        if len(group) == 1 and not _batchable(group[0]):
             return [owner._extend_lease(group[0], group[0].ttl)]
         return owner._extend_leases(group)
     except Exception as exc:  # never let one lock's failure kill the thread

@@ -43,20 +43,24 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import Callable, Optional, Protocol, TypeVar, Union
 
 from . import scripts, validate
+from .commands import (
+    Keys,
+    acquire_command,
+    extend_command,
+    fence_command,
+    lease_name,
+    lock_keys,
+    owned_command,
+    owned_judge,
+    reenter_command,
+    release_command,
+)
 from .errors import AlreadyHeld, ConfigurationError, QuorumUnavailable
 from .extension import extension_outcome, extension_ttl
-from .holders import (
-    INTERNAL,
-    HolderInfo,
-    NodeHolding,
-    default_holder,
-    fence_counter,
-    read_holding,
-    tombstone,
-)
+from .holders import INTERNAL, HolderInfo, NodeHolding, default_holder, read_holding
 from .lease import Duration, Extension, Lease
 from .quorum import (
     CLOCK_PRECISION,
@@ -67,11 +71,10 @@ from .quorum import (
     is_answer,
     is_one,
     lease_value,
-    ms,
     quorum,
     token_argument,
 )
-from .reentry import Reentry, extend_command, is_reentered, reenter_command, release_command
+from .reentry import Reentry, is_reentered
 from .refusal import Attempt, is_granted, why_not
 from .resp import Command
 from .round import NOT_AWAITED
@@ -163,17 +166,21 @@ class LockRules(Reentry):
 
     def _acquire_arguments(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool,
-    ) -> tuple[str, float, Optional[float], Optional[str], str]:
-        """acquire's arguments, checked: key, lease ttl, timeout, token, holder."""
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        validate.flag("reentrant", reentrant)
+    ) -> tuple[Keys, float, Optional[float], Optional[str], str]:
+        """acquire's arguments, checked: keys, lease ttl, timeout, token, holder."""
+        keys = lock_keys(key)
+        if validate.flag("reentrant", reentrant) and len(keys) > 1:
+            raise ConfigurationError(
+                f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
+                "several keys is not re-entered (take the set once)"
+            )
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
         if lease_ttl <= self.node_timeout:
             raise ConfigurationError(
@@ -191,13 +198,13 @@ class LockRules(Reentry):
             raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
         if holder is not None:
             validate.utf8_text("holder", holder)
-        return key, lease_ttl, limit, token, holder or default_holder()
+        return keys, lease_ttl, limit, token, holder or default_holder()
 
     def _acquire_steps(
         self,
         owner: object,
         lease_class: Callable[..., Lease],
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
         timeout: Optional[Duration],
@@ -209,15 +216,17 @@ class LockRules(Reentry):
         say to give up; between them a random wait, cut short when the holder's
         lock expires sooner. The leases are ``lease_class(owner, ...)``.
 
-        A key this execution holds already (``_held``): ``AlreadyHeld`` at once, or
-        with ``reentrant`` one more hold of its lease (``_reenter_steps``)."""
-        key, lease_ttl, limit, token, who = self._acquire_arguments(
+        ``key``: one key, or a list of keys taken together (commands.py). A key this
+        execution holds already (``_held``): ``AlreadyHeld`` at once, or with
+        ``reentrant`` one more hold of its lease (``_reenter_steps``)."""
+        keys, lease_ttl, limit, token, who = self._acquire_arguments(
             key, ttl, blocking, timeout, holder, token, reentrant
         )
-        held = self._held.live(key)
+        held = self._held.live(keys)
         if held is not None:
-            if not reentrant:
-                raise AlreadyHeld(key, self._held.execution())
+            if not reentrant or held.keys != keys:
+                mine = next(k for k in keys if k in held.keys)
+                raise AlreadyHeld(mine, self._held.execution())
             attempt = yield from self._reenter_steps(owner, lease_class, held, lease_ttl)
             if attempt.lease is not None:
                 self._held.add(attempt.lease)
@@ -225,7 +234,7 @@ class LockRules(Reentry):
         give_up = None if limit is None else self._clock() + limit
         attempts = 0
         while True:
-            attempt = yield from self._attempt(owner, lease_class, key, lease_ttl, who, token)
+            attempt = yield from self._attempt(owner, lease_class, keys, lease_ttl, who, token)
             if attempt.lease is not None:
                 self._held.add(attempt.lease)
                 return attempt
@@ -246,22 +255,14 @@ class LockRules(Reentry):
             yield Pause(delay)
 
     def _attempt(
-        self, owner: object, lease_class: Callable[..., Lease], key: str, ttl: float, holder: str,
-        chosen: Optional[str],
+        self, owner: object, lease_class: Callable[..., Lease], keys: Keys, ttl: float,
+        holder: str, chosen: Optional[str],
     ) -> Steps[Attempt]:  # fmt: skip
         token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
-        ttl_ms = ms(ttl)
-        if self.fencing:
-            command = Command(
-                scripts.ACQUIRE_FENCED,
-                [key, tombstone(key, value), fence_counter(key)],
-                [value, ttl_ms],
-            )
-        else:
-            command = Command(scripts.ACQUIRE, [key, tombstone(key, value)], [value, ttl_ms])
+        command = acquire_command(keys, value, ttl, self.fencing)
         # Built only when needed (a lost or cancelled round): not on the hot path.
-        undo = functools.partial(release_command, key, value, ttl)
+        undo = functools.partial(release_command, keys, value, ttl)
         started = self._clock()
         results = yield self._quorum_ask(command, is_granted, self.node_timeout, undo=undo)
         granted = [r for r in results if is_granted(r)]
@@ -269,20 +270,20 @@ class LockRules(Reentry):
         if len(granted) >= self.quorum and self._clock() < deadline:
             fence = None
             if self.fencing:
-                fence = yield from self._fence(key, value, granted, deadline, undo)
+                fence = yield from self._fence(keys, value, granted, deadline, undo)
             if fence is not None or not self.fencing:
                 lease = lease_class(
-                    owner, self._clock, key, token, holder, ttl, started, deadline, fence,
-                    self.max_hold,
+                    owner, self._clock, lease_name(keys), token, holder, ttl, started, deadline,
+                    fence, self.max_hold, keys=keys,
                 )  # fmt: skip
                 return Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
         yield Ask(undo(), 0.0, wait=False, deliver=True)
-        return self._why_not(key, results)
+        return self._why_not(keys, results)
 
     def _fence(
         self,
-        key: str,
+        keys: Keys,
         value: str,
         granted: list[object],
         deadline: float,
@@ -300,22 +301,25 @@ class LockRules(Reentry):
         it: the next holder's grant comes after the restart delay (longer than the
         largest TTL), so its clock reads past T as long as clients' clocks agree to
         within that delay. With persisted counters, T rises whatever the clocks say.
+        A lease on several keys records T on every key's counter, from the highest
+        of their counters: T then orders the holders of each key.
         """
         counters = [int(r[1]) for r in granted if isinstance(r, list)]
         fence = max(max(counters, default=0) + 1, self._wall_us())
         left = deadline - self._clock()
         if left <= 0:
             return None
-        command = Command(scripts.FENCE, [key, fence_counter(key)], [value, fence])
+        command = fence_command(keys, value, fence)
         results = yield self._quorum_ask(command, is_one, min(self.node_timeout, left), undo)
         recorded = sum(1 for r in results if r == 1)
         if recorded >= self.quorum and self._clock() < deadline:
             return fence
         return None
 
-    def _why_not(self, key: str, results: list[object]) -> Attempt:
+    def _why_not(self, keys: Keys, results: list[object]) -> Attempt:
         """Contention or an outage? (refusal.py)"""
-        return why_not(key, results, [n.address for n in self._nodes.nodes], self.quorum)
+        addresses = [n.address for n in self._nodes.nodes]
+        return why_not(lease_name(keys), results, addresses, self.quorum)
 
     def _reenter_steps(
         self, owner: object, lease_class: Callable[..., Lease], held: Lease, ttl: float
@@ -339,7 +343,7 @@ class LockRules(Reentry):
             lease.hold = hold
             return Attempt(lease)
         yield Ask(undo(), 0.0, wait=False, deliver=True)
-        return self._why_not(held.key, results)
+        return self._why_not(held.keys, results)
 
     # -- extend, release, queries -----------------------------------------------------
 
@@ -352,7 +356,7 @@ class LockRules(Reentry):
         asked = extension_ttl(lease, ttl, started, self._margin)
         if isinstance(asked, Extension):
             return asked
-        command = extend_command(lease.key, lease.value, asked, lease.hold)
+        command = extend_command(lease.keys, lease.value, asked, lease.hold)
         timeout = min(self.node_timeout, deadline - started)
         results = yield self._quorum_ask(command, is_one, timeout)
         return extension_outcome(
@@ -364,21 +368,21 @@ class LockRules(Reentry):
         """Release ``lease`` (one hold of it, once re-entered); this execution no
         longer holds it."""
         self._held.forget(lease)
-        return (yield from self._release_steps(lease.key, lease.value, lease.ttl, lease.hold))
+        return (yield from self._release_steps(lease.keys, lease.value, lease.ttl, lease.hold))
 
     def _release_steps(
-        self, key: str, value: str, ttl: float, hold: Optional[str] = None
+        self, keys: Keys, value: str, ttl: float, hold: Optional[str] = None
     ) -> Steps[bool]:
         # Stops at a quorum of deletions; otherwise hears every node (or times out),
         # to tell "not ours any more" from "too few answered".
         results = yield Ask(
-            release_command(key, value, ttl, hold),
+            release_command(keys, value, ttl, hold),
             self.node_timeout,
             is_yes=is_one,
             enough_yes=self.quorum,
             deliver=True,  # every node, also those the round stops waiting for
         )
-        return self._agreed(key, results, is_one)
+        return self._agreed(lease_name(keys), results, is_one)
 
     def _holder_steps(self, key: str) -> Steps[HolderInfo]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
@@ -392,13 +396,15 @@ class LockRules(Reentry):
             holdings.append(read_holding(node.address, value, pttl))
         return HolderInfo(key, tuple(holdings), self.quorum)
 
-    def _extend_value_steps(self, key: str, value: str, ttl: Optional[Duration]) -> Steps[bool]:
-        key = validate.lock_key_name(key, reserved=INTERNAL)
+    def _extend_value_steps(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration]
+    ) -> Steps[bool]:
+        keys = lock_keys(key)
         value = lease_value(value)
         new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        command = Command(scripts.EXTEND, [key], [value, ms(new_ttl)])
+        command = extend_command(keys, value, new_ttl)
         results = yield Ask(command, self.node_timeout, is_one, self.quorum)
-        return self._agreed(key, results, is_one)
+        return self._agreed(lease_name(keys), results, is_one)
 
     def _locked_steps(self, key: str) -> Steps[bool]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
@@ -418,9 +424,9 @@ class LockRules(Reentry):
         return sum(1 for r in results if r == 1)
 
     def _owned_steps(self, lease: Lease) -> Steps[bool]:
-        results = yield Ask(Command(scripts.HOLDER, [lease.key], []), self.node_timeout)
-        value = lease.value.encode()
-        return self._agreed(lease.key, results, lambda r: isinstance(r, list) and r[0] == value)
+        command = owned_command(lease.keys, lease.value)
+        results = yield Ask(command, self.node_timeout)
+        return self._agreed(lease.key, results, owned_judge(lease.keys, lease.value))
 
     def _agreed(self, key: str, results: list[object], is_yes: Callable[[object], bool]) -> bool:
         """True when a quorum of ``results`` is yes; False when enough nodes answered

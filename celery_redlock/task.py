@@ -79,10 +79,17 @@ from celery.utils import uuid
 from . import queue_once, reentry, signals
 from .config import app_config
 from .contention import MIN_COUNTDOWN, acquire_or_contended, retry_countdown
-from .errors import LockContended, QuorumUnavailable
+from .errors import ConfigurationError, LockContended, QuorumUnavailable
 from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
-from .options import OPTIONS, TASK_OPTIONS, TaskAttribute, TaskOptions, check_task_names
+from .options import (
+    OPTIONS,
+    TASK_OPTIONS,
+    TaskAttribute,
+    TaskOptions,
+    check_task_names,
+    once_task_options,
+)
 from .redlock import Lease, Redlock
 from .skipped import SKIPPED, is_skipped, skipped_result
 from .watchdog import get_watchdog
@@ -100,6 +107,19 @@ def _static_option(task: Any, name: str) -> Any:
     if isinstance(value, TaskAttribute):
         return None  # not set by the task: the app setting applies
     return value
+
+
+def _read_once(task_name: str, once: Any, declared: dict[str, Any]) -> None:
+    """celery-once's ``once = {...}`` class attribute as the options it stands for."""
+    if once is None:
+        return
+    for name, value in once_task_options(task_name, once).items():
+        if declared[name] is not None:
+            raise ConfigurationError(
+                f"task {task_name}: {name} is set both as a class attribute and through "
+                f"celery-once's once = {{...}}; keep one"
+            )
+        declared[name] = value
 
 
 class RedlockTask(Task):  # type: ignore[misc]
@@ -142,6 +162,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         declared_names = {name for klass in type(self).__mro__ for name in vars(klass)}
         check_task_names(self.name, declared_names - {"redlock_options"})
         declared = {name: _static_option(self, name) for name in TASK_OPTIONS}
+        _read_once(self.name, inspect.getattr_static(self, "once", None), declared)
         options = app_config(self.app).options_for(declared)
         validate_spec(self.name, self.run, options.key)
         self.__dict__["_redlock_options"] = options

@@ -38,6 +38,7 @@ __all__ = [
     "fraction",
     "key_prefix",
     "key_spec",
+    "lock_key_list",
     "lock_key_name",
     "node_list",
     "optional_seconds",
@@ -159,6 +160,28 @@ def lock_key_name(value: object, *, reserved: str, name: str = "key") -> str:
             "lock key from the lock's own keys (fence counters, release tombstones)"
         )
     return utf8_text(name, value)
+
+
+def lock_key_list(value: object, *, reserved: str, most: int, name: str = "key") -> tuple[str, ...]:
+    """Several lock keys taken together: a non-empty list or tuple of at most ``most``
+    distinct lock keys (each as :func:`lock_key_name`), in canonical (sorted) order."""
+    if not isinstance(value, (list, tuple)) or not value or len(value) > most:
+        size = f"{len(value)} keys" if isinstance(value, (list, tuple)) else type(value).__name__
+        shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:200] + "..."
+        raise ConfigurationError(
+            f"{name} must be a non-empty str or a list of 1..{most} distinct non-empty str "
+            f"keys, got {size}: {shown}"
+        )
+    keys = [
+        lock_key_name(item, reserved=reserved, name=f"{name}[{i}]") for i, item in enumerate(value)
+    ]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigurationError(
+            f"{name} must list each key once, got {', '.join(repr(k) for k in twice)} more "
+            "than once"
+        )
+    return tuple(sorted(keys))
 
 
 def node_list(name: str, value: object) -> tuple[str, ...]:

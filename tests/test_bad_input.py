@@ -454,18 +454,18 @@ def test_a_unix_socket_that_does_not_exist_fails_at_acquire_naming_the_path(
 def test_separators_in_a_holder_survive_the_round_trip(stack: Stack) -> None:
     holder = "task|1@celery@host:a:7 {x}"
     redlock = Redlock(stack.nodes.urls, ttl=5)
+    other = Redlock(stack.nodes.urls, ttl=5)  # another client: this one would be AlreadyHeld
     try:
         lease = redlock.acquire("bad:holder", blocking=False, holder=holder)
         assert lease is not None
-        other = Redlock(stack.nodes.urls, ttl=5)  # another holder (this one would be AlreadyHeld)
         with pytest.raises(LockContended) as caught:
             other.try_acquire("bad:holder", blocking=False)
-        other.close()
         assert caught.value.holder == holder
         assert redlock.holder("bad:holder").holder == holder
         lease.release()
     finally:
         redlock.close()
+        other.close()
 
 
 @pytest.mark.parametrize(("key", "holder"), [("bad:\udcff", None), ("k", "w\udcff")])

@@ -436,3 +436,28 @@ def test_operators_deletions_and_hand_over_end_the_record(
     for key in ("op:1", "op:2", "given"):
         lease = redlock.acquire(key, blocking=False)  # no AlreadyHeld: not held any more
         assert lease is not None and lease.release() is True
+
+
+# -- several keys taken together (commands.py), on both drivers ---------------------------
+
+
+def test_a_set_of_keys_is_taken_whole_or_not_at_all(make: Make, redis_nodes: RedisCluster) -> None:
+    clients = _clients(redis_nodes)
+    redlock, other = _lock(make, redis_nodes), _lock(make, redis_nodes)
+    lease = redlock.acquire(["set:b", "set:a"])
+    assert lease.keys == ("set:a", "set:b") and lease.key == "set:a+set:b"
+    for key in lease.keys:
+        assert [c.get(key) for c in clients] == [lease.value.encode()] * 5
+    assert other.acquire(["set:a", "set:c"], blocking=False) is None  # overlaps: none
+    assert all(c.get("set:c") is None for c in clients)
+    with pytest.raises(LockContended, match="set:a\\+set:c"):
+        other.try_acquire(["set:c", "set:a"], blocking=False)
+    with pytest.raises(AlreadyHeld):
+        redlock.acquire("set:b", blocking=False)
+    with pytest.raises(ConfigurationError, match="reentrant=True takes one key"):
+        redlock.acquire(["set:a", "set:b"], reentrant=True)
+    assert lease.extend() is True and lease.owned() is True
+    assert lease.release() is True
+    assert all(c.get(k) is None for c in clients for k in ("set:a", "set:b"))
+    both = other.acquire(["set:a", "set:c"], blocking=False)
+    assert both is not None and other.release_value(["set:c", "set:a"], both.value) is True

@@ -279,3 +279,68 @@ def test_bad_per_call_options_are_refused_naming_them(
     with pytest.raises(ConfigurationError, match=message):
         tasks["import"].apply_async((27,), **call)
     assert _queued(broker) == 0
+
+
+# -- celery-once's task-level once = {...} class attribute -----------------------------
+
+
+def test_celery_once_class_attribute_sets_the_task_options(
+    app: Celery, broker: RedisServer, redis_nodes: RedisCluster
+) -> None:
+    @app.task(
+        shared=False,
+        base=RedlockTask,
+        once={"graceful": True, "timeout": 30, "keys": ["customer_id"]},
+        name="q.once",
+    )
+    def once_task(customer_id: int, note: str = "") -> int:
+        return customer_id
+
+    options = once_task.redlock_options()
+    assert (options.dedupe_queued, options.on_queued, options.queued_ttl) == (True, "return", 30)
+    first = once_task.delay(30, note="a")
+    assert once_task.delay(30, note="b").id == first.id  # keys: only customer_id counts
+    key = once_task.lock_key((30,), {}) + ":queued"
+    held = [ttl for ttl in _queued_pttls(redis_nodes, key) if ttl > 0]
+    assert len(held) >= 3 and max(held) <= 30_000
+    assert _queued(broker) == 1
+
+
+def test_celery_once_class_attribute_not_graceful_raises(app: Celery, broker: RedisServer) -> None:
+    @app.task(shared=False, base=RedlockTask, once={"graceful": False}, name="q.once_strict")
+    def strict_once(customer_id: int) -> int:
+        return customer_id
+
+    first = strict_once.delay(31)
+    with pytest.raises(AlreadyQueued) as caught:
+        strict_once.delay(31)
+    assert caught.value.task_id == first.id
+    assert _queued(broker) == 1
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"once": "graceful"}, r"task q\.bad_once: once must be a dict with keys among"),
+        ({"once": {"graceful": "yes"}}, r"once\['graceful'\] must be True or False"),
+        ({"once": {"timeout": 0}}, r"once\['timeout'\] must be > 0 seconds"),
+        ({"once": {"keys": "customer_id"}}, r"once\['keys'\] must be a list of argument names"),
+        ({"once": {"keys": ["nope"]}}, r"nope"),
+        ({"once": {"unlock_before_run": 1}}, r"once\['unlock_before_run'\] must be True or"),
+        ({"once": {"grace": True}}, r"once\['grace'\]: unknown key; accepted: 'graceful'"),
+        (
+            {"once": {"timeout": 5}, "redlock_queued_ttl": 5},
+            r"redlock_queued_ttl is set both as a class attribute and through celery-once",
+        ),
+    ],
+)
+def test_bad_celery_once_class_attributes_are_refused_naming_them(
+    app: Celery, broker: RedisServer, attributes: dict[str, Any], message: str
+) -> None:
+    @app.task(shared=False, base=RedlockTask, name="q.bad_once", **attributes)
+    def bad_once(customer_id: int) -> int:
+        return customer_id
+
+    with pytest.raises(ConfigurationError, match=message):
+        bad_once.delay(32)
+    assert _queued(broker) == 0

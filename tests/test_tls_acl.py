@@ -438,6 +438,8 @@ MINIMAL_ACL = (
 #: Recommended on top: +eval survives an operator's SCRIPT FLUSH (NOSCRIPT -> EVAL);
 #: +client|setname names the connections "celery-redlock" in CLIENT LIST.
 RECOMMENDED_EXTRA = ("+eval", "+client|setname")
+#: What ``reentrant=True`` adds: the holds set beside the key.
+REENTRANT_ACL = ("+sadd", "+scard", "+srem")
 
 
 @pytest.fixture(scope="module")
@@ -473,6 +475,7 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
     problems: list[str] = []
     plain = Redlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     fenced = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
+    other = Redlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)  # another client contends
     try:
         try:
             lease = plain.acquire(key, blocking=False, holder="locker@acl:1")
@@ -483,7 +486,7 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
         if not lease.extend():
             problems.append(f"extend refused ({lease.lost_reason})")
         try:
-            plain.try_acquire(key, blocking=False)
+            other.try_acquire(key, blocking=False)
             problems.append("a second acquire won a held lock")
         except LockContended as exc:
             if exc.holder != "locker@acl:1":
@@ -513,6 +516,7 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
     finally:
         plain.close()
         fenced.close()
+        other.close()
     return problems
 
 
@@ -547,6 +551,32 @@ def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
         )
     finally:
         redlock.close()
+
+
+def test_reentrant_holds_need_the_set_commands_and_work_with_them(
+    acl_nodes: RedisCluster,
+) -> None:
+    for extra, works in (((), False), (REENTRANT_ACL, True)):
+        urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *extra)
+        redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
+        try:
+            outer = redlock.acquire("redlock:acl:again", blocking=False)
+            assert outer is not None
+            if works:
+                inner = redlock.acquire("redlock:acl:again", reentrant=True)
+                assert inner is not None and inner.release() is True
+                assert outer.release() is True
+                holds = [c.exists("redlock:acl:again") for c in (s.client() for s in acl_nodes)]
+                assert holds == [0] * len(holds)
+            else:
+                with pytest.raises(QuorumUnavailable, match="run this command"):
+                    redlock.acquire("redlock:acl:again", reentrant=True)
+                # The outer lease now counts holds, which this user cannot: an admin
+                # clears the key.
+                for client in (server.client() for server in acl_nodes):
+                    client.delete("redlock:acl:again")
+        finally:
+            redlock.close()
 
 
 @pytest.mark.parametrize("dropped", MINIMAL_ACL)

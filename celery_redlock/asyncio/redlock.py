@@ -34,14 +34,15 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
 from ..admin import clear_matching
+from ..commands import lock_keys
 from ..errors import QuorumUnavailable, RedlockError
-from ..holders import INTERNAL, HolderInfo
+from ..holders import HolderInfo
 from ..lease import Duration, Extension, Lease
 from ..quorum import Ask, Pause, Settle, Steps, clear_match, judge_exit, lease_value
 from ..reentry import HeldLeases
 from ..refusal import Attempt
 from ..rules import LockRules
-from ..validate import lock_key_name, seconds
+from ..validate import seconds
 from .nodes import AsyncNodeSet
 
 __all__ = ["AsyncLease", "AsyncRedlock"]
@@ -186,7 +187,7 @@ class AsyncRedlock(LockRules):
 
     async def acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -198,13 +199,13 @@ class AsyncRedlock(LockRules):
         """See ``Redlock.acquire``: the lease, ``None`` when not won, or
         ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
-        more hold of its lease."""
+        more hold of its lease. ``key`` may be a list of keys taken together."""
         attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         return cast(Optional[AsyncLease], attempt.outcome(key, False))
 
     async def try_acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         blocking: bool = True,
         timeout: Optional[Duration] = None,
@@ -219,7 +220,7 @@ class AsyncRedlock(LockRules):
 
     async def _acquire(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
         timeout: Optional[Duration],
@@ -235,7 +236,7 @@ class AsyncRedlock(LockRules):
     @contextlib.asynccontextmanager
     async def lock(
         self,
-        key: str,
+        key: Union[str, Sequence[str]],
         ttl: Optional[Duration] = None,
         timeout: Optional[Duration] = None,
         blocking: bool = True,
@@ -279,12 +280,14 @@ class AsyncRedlock(LockRules):
 
     # -- release, extend and inspection -------------------------------------------------
 
-    async def release_value(self, key: str, value: str) -> bool:
+    async def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
         """See ``Redlock.release_value``."""
-        key = lock_key_name(key, reserved=INTERNAL)
-        return await self._drive(self._release_steps(key, lease_value(value), self.ttl))
+        keys = lock_keys(key)
+        return await self._drive(self._release_steps(keys, lease_value(value), self.ttl))
 
-    async def extend_value(self, key: str, value: str, ttl: Optional[Duration] = None) -> bool:
+    async def extend_value(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
+    ) -> bool:
         """See ``Redlock.extend_value``."""
         return await self._drive(self._extend_value_steps(key, value, ttl))
 

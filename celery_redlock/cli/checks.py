@@ -89,7 +89,8 @@ def check_permissions(facts: NodeFacts, config: AppConfig) -> Check:
         "this user cannot run the lock's commands: "
         f"{facts.lock_scripts_error}; an ACL user needs at least "
         f"~{config.key_prefix}:* +evalsha +script|load +get +set +exists +pttl "
-        "+pexpire +del (and +eval to survive SCRIPT FLUSH)",
+        "+pexpire +del (and +eval to survive SCRIPT FLUSH, +sadd +scard +srem for "
+        "reentrant=True)",
     )
 
 
