@@ -6,9 +6,10 @@ here once, in ``LockRules``, the base both lock classes share: the settings and
 their checks, the steps of every operation (acquire, re-acquire, fence, extend,
 release, queries), and who holds a key. The pure pieces they use have their own
 rooms: quorum.py (arithmetic, reply predicates, argument checks, the step types),
-refusal.py (granted, or why not: ``Attempt``, ``why_not``), extension.py (what an
-extension asks for and what its replies mean), reentry.py (which execution holds
-which key; the commands of a re-acquired lease's holds).
+commands.py (what each operation sends, for one key or a set of keys), refusal.py
+(granted, or why not: ``Attempt``, ``why_not``), extension.py (what an extension
+asks for and what its replies mean), reentry.py (which execution holds which key,
+how a REENTER reply reads).
 
 How an operation is written: *steps*, a generator that yields what it needs done
 and returns the operation's value. It yields
@@ -27,12 +28,16 @@ asyncio/redlock.py's ``AsyncRedlock._drive``::
     results = yield Ask(command, self.node_timeout)   # sync: NodeSet.round(...)
 
 Steps compose with ``yield from`` (an acquire is attempts, an attempt may be
-followed by its fence round), so a new operation -- e.g. a lock over several
-resources, one round per step asking every node for all of them -- is one more
-generator here, run unchanged by both drivers; a new kind of round (several
-commands per node) is a new field or step type here and one branch in each
-driver's ``_drive``. No sockets: reads the lock's clock (injectable) only. Must
-not import nodes.py, redlock.py, admin.py, asyncio or Celery.
+followed by its fence round, a re-acquire is a ``Settle`` then a round), so both
+drivers run every operation unchanged. To extend: what a round *sends* is a
+builder in commands.py (one key or a set of keys: ``acquire(["a", "b"])`` passes
+``Keys`` through the same steps, and the multi-key scripts reply in the single-key
+shapes, so the judging here is shared); what a new operation *decides* is one more
+generator here; a new kind of round (e.g. several commands per node) is a new
+field of ``Ask`` or a new step type in quorum.py and one branch in each driver's
+``_drive`` (quorum.drive, ``AsyncRedlock._drive``). No sockets: reads the lock's
+clock (injectable) only. Must not import nodes.py, redlock.py, admin.py, asyncio
+or Celery.
 """
 
 from __future__ import annotations
