@@ -91,11 +91,11 @@ class OurRedlock:
         def op() -> None:
             try:
                 lease = acquire(key, blocking=False)
-            except QuorumUnavailable as error:
+                if lease is None:
+                    raise LockNotWon(f"{self.name}: {key!r}")
+                lease.release()
+            except QuorumUnavailable as error:  # a loaded machine missed node_timeout
                 raise _unavailable(error) from None
-            if lease is None:
-                raise LockNotWon(f"{self.name}: {key!r}")
-            lease.release()
 
         return op
 
@@ -118,7 +118,10 @@ class _OurHandle:
             raise LockNotWon(f"celery-redlock: {self._key!r}")
 
     def release(self) -> None:
-        self._lease.release()
+        try:
+            self._lease.release()
+        except QuorumUnavailable as error:  # a loaded machine missed node_timeout
+            raise _unavailable(error) from None
 
 
 class _BoolHandle:

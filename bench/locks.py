@@ -1,4 +1,4 @@
-"""Lock benchmark: celery-redlock against redis-py, pottery and python-redis-lock.
+"""Lock benchmark: celery-redlock against redis-py, pottery, python-redis-lock, aioredlock.
 
 Run from the repository root::
 
@@ -25,7 +25,9 @@ What is measured, all in the same run:
    three of 5 SIGSTOPped (time for our acquire to raise QuorumUnavailable).
 5. top-level commands per node per acquire and per release (MONITOR + commandstats).
 6. keys left on the nodes after every lease of runs 1 and 2 was released (ghosts).
-7. ratios against targets, each marked PASS or MISS (plus two extra checks: free keys
+7. asyncio (bench/async_locks.py): ``AsyncRedlock`` against pottery's ``AIORedlock``
+   and aioredlock, 5 nodes each, one task and N tasks on one event loop.
+8. ratios against targets, each marked PASS or MISS (plus two extra checks: free keys
    not won, ghosts left behind).
 """
 
@@ -53,6 +55,7 @@ import celery_redlock
 from celery_redlock import QuorumUnavailable
 from celery_redlock.testing import REDIS_SERVER_ENV, RedisCluster, find_redis_server
 
+from . import async_locks
 from .commands import CommandCount, count_commands, count_keys
 from .contenders import Contender, Handle, OurRedlock, Pottery, PythonRedisLock, RedisPyLock
 from .resp import FloorCycle, FloorQuorum
@@ -614,6 +617,7 @@ def render_markdown(report: dict[str, Any], names: dict[str, str]) -> str:
             "Failed operations (acquire of a key nobody else touches, not won; "
             "counted in the latencies): " + "; ".join(failure_notes) + ".",
         ]
+    lines += async_locks.render(report["asyncio"], plan["threads"])
     left = report["keys_left_after_release_per_node"]
     lines += [
         "",
@@ -752,12 +756,18 @@ def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, 
             hung = _hung_one(cluster, ours5, pottery, keys, plan, log)
             log("faults: three nodes of 5 hung ...")
             quorum_loss = _hung_three(cluster, ours5, keys, plan)
+            log("asyncio ...")
+            asyncio_rows = async_locks.measure(cluster.urls, addresses, plan, keys, log)
         finally:
             floor1.close()
             floor5.close()
             for contender in contenders:
                 contender.close()
     ratios = _ratios(single, threaded, hung, quorum_loss, commands, left_behind, plan)
+    ratios += [
+        Ratio(label, value, 8.0, ">=", detail)
+        for label, value, detail in async_locks.ratios(asyncio_rows, plan.threads)
+    ]
     del hung["_summaries"]
     report.update(
         {
@@ -767,6 +777,7 @@ def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, 
             "threads": {slug: s.as_dict() for slug, s in threaded.items()},
             "keys_left_after_release_per_node": left_behind,
             "faults": {"one_of_five_hung": hung, "three_of_five_hung": quorum_loss},
+            "asyncio": asyncio_rows,
             "commands": {
                 slug: {op: count.as_dict() for op, count in counts.items()}
                 for slug, counts in commands.items()

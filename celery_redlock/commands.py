@@ -16,7 +16,7 @@ Timeline the set guards against, with one lock per key taken in turn::
 Taken as one set, on each node A either gets both keys or neither, so no node ever
 holds half of A's set while B holds the other half.
 
-Imports holders.py, nodes.py, scripts.py, validate.py; must not import redlock.py,
+Imports holders.py, resp.py, scripts.py, validate.py; must not import redlock.py,
 lease.py or Celery.
 """
 
@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence, Union
 from . import scripts, validate
 from .errors import ConfigurationError
 from .holders import INTERNAL, fence_counter, reentry_holds, tombstone
-from .nodes import Command
+from .resp import Command
 
 __all__ = [
     "MAX_KEYS",

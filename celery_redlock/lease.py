@@ -230,13 +230,21 @@ class Lease:
         """Record the round's ``outcome``, let go of the lock ``_hold_for_extension``
         took, then mark the lease lost or run its ``on_extended`` callbacks."""
         try:
-            self.retry_by = outcome.retry_by
-            if outcome.deadline is not None:
-                self._deadline = outcome.deadline
-                self.extensions += 1
-            callbacks = list(self._on_extended)
+            callbacks = self._record(outcome)
         finally:
             self._lock.release()
+        return self._announce(outcome, callbacks)
+
+    def _record(self, outcome: Extension) -> list[Callable[[Lease], Any]]:
+        """Note what an extension round achieved (under ``_lock``); the callbacks to run."""
+        self.retry_by = outcome.retry_by
+        if outcome.deadline is not None:
+            self._deadline = outcome.deadline
+            self.extensions += 1
+        return list(self._on_extended)
+
+    def _announce(self, outcome: Extension, callbacks: list[Callable[[Lease], Any]]) -> bool:
+        """After ``_record``: mark the lease lost, or run the ``on_extended`` callbacks."""
         if outcome.deadline is None:
             if outcome.reason is not None and outcome.retry_by is None:
                 self.mark_lost(outcome.reason)

@@ -17,41 +17,25 @@ one holder to the next (see ``Redlock.acquire``).
 Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
 holders.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
 (``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
-replies read as True, False or ``QuorumUnavailable`` are admin.py; what each
-operation sends, for one key or a set of keys, is commands.py; talking to the
-nodes is nodes.py; the Lua is scripts.py. This module knows nothing about Celery and must not
-import it; lease.py, holders.py and watchdog.py must not import this module.
+replies read as True, False or ``QuorumUnavailable`` are admin.py; the steps of
+each operation, shared with the asyncio driver, are rules.py (what each operation
+sends, for one key or a set of keys, commands.py; reentrancy's record reentry.py,
+refusals refusal.py, extension arithmetic extension.py, the watchdog's batched
+renewal renewals.py); talking to the nodes is nodes.py; the Lua is scripts.py.
+This module knows nothing about Celery and must not import it; lease.py,
+holders.py and watchdog.py must not import this module.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import secrets
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Sequence, Union
 
-from . import scripts, validate
-from .admin import LockQueries, is_one, lease_value, token_argument
-from .commands import (
-    Keys,
-    acquire_command,
-    extend_command,
-    fence_command,
-    lease_name,
-    lock_keys,
-    release_command,
-)
-from .errors import (
-    AlreadyHeld,
-    ConfigurationError,
-    LockContended,
-    LockLost,
-    QuorumUnavailable,
-    RedlockError,
-)
-from .extension import extension_outcome, extension_ttl
+from .admin import LockQueries
+from .commands import Keys, lock_keys
+from .errors import QuorumUnavailable, RedlockError
 from .holders import (
     FENCE,
     INTERNAL,
@@ -61,19 +45,20 @@ from .holders import (
     default_holder,
     fence_counter,
     is_lock_key,
-    read_holding,
     tombstone,
 )
 from .lease import Duration, Extension, Lease
-from .nodes import Command, NodeSet
-from .reentry import HeldLeases, Reentry, current_execution
-from .refusal import Attempt, is_granted, why_not
+from .nodes import NodeSet
+from .quorum import CLOCK_PRECISION, judge_exit, lease_value, quorum
+from .reentry import HeldLeases
+from .refusal import Attempt
 from .renewals import extend_batch
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
 # importable from here.
 __all__ = [
+    "CLOCK_PRECISION",
     "FENCE",
     "INTERNAL",
     "TOMBSTONE",
@@ -91,16 +76,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Redis expires a key up to 1 ms early; one more ms for our own clock's granularity.
-CLOCK_PRECISION = 0.002
 
-
-def quorum(n: int) -> int:
-    """How many of ``n`` nodes make a majority."""
-    return n // 2 + 1
-
-
-class Redlock(Reentry, LockQueries):
+class Redlock(LockQueries):
     """The Redlock distributed lock over N independent Redis masters.
 
     ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
@@ -135,33 +112,14 @@ class Redlock(Reentry, LockQueries):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-            raise ConfigurationError(
-                "nodes must be a list of Redis URLs or redis.Redis clients "
-                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
-            )
-        if not nodes:
-            raise ConfigurationError("nodes must list at least one Redis master, got none")
-        self.ttl = validate.seconds("ttl", ttl)
-        self.node_timeout = validate.seconds("node_timeout", node_timeout)
-        if self.node_timeout >= self.ttl:
-            raise ConfigurationError(
-                f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
-                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
-            )
-        self.drift_factor = validate.fraction("drift_factor", drift_factor)
-        self.retry_count = validate.count("retry_count", retry_count)
-        self.retry_delay = validate.seconds("retry_delay", retry_delay, minimum=">= 0")
-        self.fencing = bool(fencing)
-        self.max_hold = None if max_hold is None else validate.seconds("max_hold", max_hold)
+        self._configure(
+            nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
+        )
         self._clock = clock
         self._sleep = sleep
-        self._wall_us: Callable[[], int] = lambda: time.time_ns() // 1000
         self._nodes = NodeSet(nodes, clock=clock)
-        self._held = HeldLeases()  # which leases each execution won through this lock
-        self.quorum = quorum(len(self._nodes))
-        # Noes that rule a quorum out: a round can stop there.
-        self._enough_no = len(self._nodes) - self.quorum + 1
+        self._held = HeldLeases()  # which leases each execution (thread, task run) won
+        self._count_nodes(len(self._nodes))
 
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
@@ -178,17 +136,6 @@ class Redlock(Reentry, LockQueries):
         inspection: the CLI reads them with plain clients. Lock operations go
         through this lock's methods."""
         return self._nodes
-
-    def _margin(self, ttl: float) -> float:
-        return ttl * self.drift_factor + CLOCK_PRECISION
-
-    def _quorum_round(
-        self, command: Command, is_yes: Callable[[object], bool], timeout: float
-    ) -> list[object]:
-        """One round that stops as soon as a quorum said yes, or can no longer."""
-        return self._nodes.round(
-            command, timeout, is_yes=is_yes, enough_yes=self.quorum, enough_no=self._enough_no
-        )
 
     def close(self) -> None:
         """Close every connection (they reopen on next use)."""
@@ -238,9 +185,7 @@ class Redlock(Reentry, LockQueries):
         ``AlreadyHeld``.
         """
         attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
-        if attempt.unavailable is not None:
-            raise attempt.unavailable
-        return attempt.lease
+        return attempt.outcome(key, False)
 
     def try_acquire(
         self,
@@ -256,11 +201,9 @@ class Redlock(Reentry, LockQueries):
         """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
         instead of returning ``None``."""
         attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
-        if attempt.unavailable is not None:
-            raise attempt.unavailable
-        if attempt.lease is None:
-            raise LockContended(lease_name(lock_keys(key)), attempt.holder, attempt.holder_ttl)
-        return attempt.lease
+        lease = attempt.outcome(key, True)
+        assert lease is not None
+        return lease
 
     def _acquire(
         self,
@@ -270,118 +213,13 @@ class Redlock(Reentry, LockQueries):
         timeout: Optional[Duration],
         holder: Optional[str],
         token: Optional[str],
-        reentrant: bool = False,
+        reentrant: bool,
     ) -> Attempt:
-        keys = lock_keys(key)
-        reentrant = validate.flag("reentrant", reentrant)
-        if reentrant and len(keys) > 1:
-            raise ConfigurationError(
-                f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
-                "several keys is not re-entered (take the set once)"
-            )
-        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        if lease_ttl <= self.node_timeout:
-            raise ConfigurationError(
-                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
-            )
-        limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
-        if not blocking and limit is not None:
-            raise ConfigurationError(
-                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
-                "attempt): drop timeout or set blocking=True"
-            )
-        if token is not None:
-            token = token_argument(token)
-        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
-            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
-        if holder is not None:
-            validate.utf8_text("holder", holder)
-        who = holder or default_holder()
-        held = self._held.live(keys)
-        if held is not None:
-            if not reentrant or held.keys != keys:
-                mine = next(k for k in keys if k in held.keys)
-                raise AlreadyHeld(mine, current_execution())
-            lease, results = self._reenter(held, lease_ttl)
-            if lease is None:
-                return self._why_not(keys, results)
-            self._held.add(lease)
-            return Attempt(lease)
-        give_up = None if limit is None else self._clock() + limit
-        attempts = 0
-        while True:
-            attempt = self._attempt(keys, lease_ttl, who, token)
-            if attempt.lease is not None:
-                self._held.add(attempt.lease)
-                return attempt
-            attempts += 1
-            if not blocking:
-                return attempt
-            if give_up is None and attempts > self.retry_count:
-                return attempt
-            delay = random.uniform(0.5, 1.5) * self.retry_delay
-            if attempt.holder_ttl is not None:
-                # The holder's lock frees sooner: come back just after it does.
-                delay = min(delay, attempt.holder_ttl + random.uniform(0.001, 0.005))
-            if give_up is not None:
-                left = give_up - self._clock()
-                if left <= 0:
-                    return attempt
-                delay = min(delay, left)
-            self._sleep(delay)
-
-    def _attempt(self, keys: Keys, ttl: float, holder: str, chosen: Optional[str]) -> Attempt:
-        token = chosen or secrets.token_urlsafe(20)
-        value = f"{token}|{holder}"
-        command = acquire_command(keys, value, ttl, self.fencing)
-        started = self._clock()
-        results = self._quorum_round(command, is_granted, self.node_timeout)
-        granted = [r for r in results if is_granted(r)]
-        deadline = started + ttl - self._margin(ttl)
-        if len(granted) >= self.quorum and self._clock() < deadline:
-            fence = self._fence(keys, value, granted, deadline) if self.fencing else None
-            if fence is not None or not self.fencing:
-                lease = Lease(
-                    self, self._clock, lease_name(keys), token, holder, ttl, started, deadline,
-                    fence, self.max_hold, keys=keys,
-                )  # fmt: skip
-                return Attempt(lease)
-        # Lost: undo on every node, without waiting for anyone.
-        self._nodes.round(release_command(keys, value, ttl), 0.0, wait=False, deliver=True)
-        return self._why_not(keys, results)
-
-    def _fence(
-        self, keys: Keys, value: str, granted: list[object], deadline: float
-    ) -> Optional[int]:
-        """Second round of a fenced acquire: the fence T, recorded on every node that
-        still holds our token; counts only with a majority within validity.
-
-        T = max(1 + the highest counter the granting quorum reported, wall-clock
-        microseconds). Any later holder's quorum shares a node with the majority that
-        recorded T, so it reads a counter >= T and picks a larger fence -- as long as
-        that node kept its counter. A node restarted without persistence has lost it
-        (a delayed restart protects lock keys, not counters), and the shared node may
-        be exactly that one: the model checker finds that trace. The clock term covers
-        it: the next holder's grant comes after the restart delay (longer than the
-        largest TTL), so its clock reads past T as long as clients' clocks agree to
-        within that delay. With persisted counters, T rises whatever the clocks say.
-        A lease on several keys records T on every key's counter, from the highest
-        of their counters: T then orders the holders of each key.
-        """
-        counters = [int(r[1]) for r in granted if isinstance(r, list)]
-        fence = max(max(counters, default=0) + 1, self._wall_us())
-        left = deadline - self._clock()
-        if left <= 0:
-            return None
-        command = fence_command(keys, value, fence)
-        results = self._quorum_round(command, is_one, min(self.node_timeout, left))
-        recorded = sum(1 for r in results if r == 1)
-        if recorded >= self.quorum and self._clock() < deadline:
-            return fence
-        return None
-
-    def _why_not(self, keys: Keys, results: list[object]) -> Attempt:
-        return why_not(lease_name(keys), results, self.nodes, self.quorum)
+        # The attempts, the waits between them and the checks are LockRules' (rules.py).
+        steps = self._acquire_steps(
+            self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
+        return self._drive(steps)
 
     @contextmanager
     def lock(
@@ -430,13 +268,10 @@ class Redlock(Reentry, LockQueries):
             return  # released in the block: its outcome was the block's to read
         lost = lease.lost_reason
         try:
-            released = lease.release()
+            released: Union[bool, QuorumUnavailable] = lease.release()
         except QuorumUnavailable as exc:
-            if lost is not None:
-                raise LockLost(lease.key, lost) from exc
-            raise
-        if lost is not None or not released:
-            raise LockLost(lease.key, lost or "the key no longer held this lease's token")
+            released = exc
+        judge_exit(lease, lost, released)
 
     # -- release and inspection ------------------------------------------------------
 
@@ -451,22 +286,8 @@ class Redlock(Reentry, LockQueries):
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
     def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
-        """Push ``lease``'s expiry to ``ttl`` seconds from now on every node.
-
-        What the round asks for and what its replies mean: extension.py (shared
-        with the watchdog's batched renewal, renewals.py).
-        """
-        started = self._clock()
-        deadline = lease.deadline
-        asked = extension_ttl(lease, ttl, started, self._margin)
-        if isinstance(asked, Extension):
-            return asked
-        command = extend_command(lease.keys, lease.value, asked, lease.hold)
-        results = self._quorum_round(command, is_one, min(self.node_timeout, deadline - started))
-        return extension_outcome(
-            results, self.quorum, asked, started, self._clock(), deadline,
-            self._margin(asked), self.node_timeout,
-        )  # fmt: skip
+        """One extension round (see ``LockRules._extend_steps``)."""
+        return self._drive(self._extend_steps(lease, ttl))
 
     def _extend_leases(self, leases: Sequence[Lease]) -> list[Extension]:
         """Extend each of ``leases`` (granted by this lock) by its own ttl, all in
@@ -478,30 +299,11 @@ class Redlock(Reentry, LockQueries):
         )  # fmt: skip
 
     def _release_lease(self, lease: Lease) -> bool:
-        self._held.forget(lease)
-        return self._release(lease.keys, lease.value, lease.ttl, lease.hold)
+        return self._drive(self._release_lease_steps(lease))
 
-    def _release(self, keys: Keys, value: str, ttl: float, hold: Optional[str] = None) -> bool:
-        # Stops at a quorum of deletions; otherwise hears every node (or times out),
-        # to tell "not ours any more" from "too few answered".
-        results = self._nodes.round(
-            release_command(keys, value, ttl, hold),
-            self.node_timeout,
-            is_yes=is_one,
-            enough_yes=self.quorum,
-            deliver=True,  # every node, also those the round stops waiting for
-        )
-        return self._agreed(lease_name(keys), results, is_one)
+    def _release(self, keys: Keys, value: str, ttl: float) -> bool:
+        return self._drive(self._release_steps(keys, value, ttl))
 
     def holder(self, key: str) -> HolderInfo:
         """Who holds ``key``, per node (for logs and the CLI). One read round."""
-        key = validate.lock_key_name(key, reserved=INTERNAL)
-        results = self._nodes.round(Command(scripts.HOLDER, [key], []), self.node_timeout)
-        holdings = []
-        for node, reply in zip(self._nodes.nodes, results):
-            if isinstance(reply, BaseException):
-                holdings.append(NodeHolding(node.address, error=reply))
-                continue
-            value, pttl = reply if isinstance(reply, list) else (None, -2)
-            holdings.append(read_holding(node.address, value, pttl))
-        return HolderInfo(key, tuple(holdings), self.quorum)
+        return self._drive(self._holder_steps(key))

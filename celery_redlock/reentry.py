@@ -18,33 +18,31 @@ Timeline it guards against, without reentrancy: a helper called inside
 block's lease, and gives up after the outer lease's TTL -- or, with a long
 timeout, the outer block's watchdog keeps renewing it and the helper never wins.
 
-The re-exported command builders (commands.py) and the REENTER round's judging are
-shared by every driver. Imports commands.py, lease.py and nodes.py; must not import
-redlock.py or Celery.
+The command builders (commands.py) and the REENTER reply's judging are shared by
+every driver; the re-acquiring round itself is ``LockRules._reenter_steps``
+(rules.py). A driver says what its execution is: ``HeldLeases(identify=...)`` (the
+asyncio driver: the current asyncio Task). Imports commands.py and lease.py; must
+not import rules.py, nodes.py, redlock.py or Celery.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import weakref
 from contextvars import ContextVar
 from fnmatch import fnmatchcase
-from typing import Callable, Optional, cast
+from typing import Callable, Optional
 
-from .commands import Keys, extend_command, reenter_command, release_command
-from .lease import Lease, LeaseOwner
-from .nodes import Command, NodeSet
+from .commands import Keys
+from .lease import Lease
 
 __all__ = [
     "HeldLeases",
     "Reentry",
     "current_execution",
     "execution",
-    "extend_command",
-    "reenter_command",
-    "release_command",
+    "is_reentered",
 ]
 
 #: The execution running now, when a framework says so (task.py: one per task run);
@@ -61,7 +59,8 @@ def current_execution() -> str:
     return execution.get() or f"thread {threading.get_ident()}"
 
 
-def _is_reentered(reply: object) -> bool:
+def is_reentered(reply: object) -> bool:
+    """A node's REENTER reply said yes (``{1, holds}``)."""
     return isinstance(reply, list) and len(reply) == 2 and reply[0] == 1
 
 
@@ -71,7 +70,9 @@ class HeldLeases:
     execution's only through the lock object that granted it: another ``Redlock``
     over the same nodes is another client and contends as usual."""
 
-    def __init__(self) -> None:
+    def __init__(self, identify: Callable[[], str] = current_execution) -> None:
+        #: Who is acquiring now (default: the task run, else the thread).
+        self.execution = identify
         self._held: dict[tuple[str, str], list[Lease]] = {}
         self._lock = threading.Lock()
         self._sweep_at = SWEEP_AT
@@ -80,7 +81,7 @@ class HeldLeases:
     def live(self, keys: Keys) -> Optional[Lease]:
         """A lease this execution won on one of ``keys`` that is still held, if any
         (a lease on several keys is found under each of them)."""
-        execution = current_execution()
+        execution = self.execution()
         with self._lock:
             for key in keys:
                 place = (execution, key)
@@ -92,7 +93,7 @@ class HeldLeases:
             return None
 
     def add(self, lease: Lease) -> None:
-        lease.execution = current_execution()
+        lease.execution = self.execution()
         with self._lock:
             for key in lease.keys:
                 self._held.setdefault((lease.execution, key), []).append(lease)
@@ -142,16 +143,12 @@ if hasattr(os, "register_at_fork"):
 
 
 class Reentry:
-    """The re-acquiring round a ``Redlock`` runs for a key its execution holds."""
+    """What a lock does with its record of held leases (``LockRules`` inherits it)."""
 
-    node_timeout: float
-    quorum: int
-    max_hold: Optional[float]
-    _nodes: NodeSet
-    _clock: Callable[[], float]
     _held: HeldLeases
 
     def _forget_held(self, key: Optional[str] = None, match: Optional[str] = None) -> None:
+        """Deleted by an operator: no execution holds these keys any more."""
         self._held.forget_keys(key, match)
 
     def hand_over(self, lease: Lease) -> None:
@@ -159,32 +156,3 @@ class Reentry:
         another process, or left to expire): this one no longer holds it, so taking
         the key again contends as usual instead of raising ``AlreadyHeld``."""
         self._held.forget(lease)
-
-    def _margin(self, ttl: float) -> float:
-        raise NotImplementedError  # Redlock's
-
-    def _quorum_round(
-        self, command: Command, is_yes: Callable[[object], bool], timeout: float
-    ) -> list[object]:
-        raise NotImplementedError  # Redlock's
-
-    def _reenter(self, held: Lease, ttl: float) -> tuple[Optional[Lease], list[object]]:
-        """One more hold of ``held``'s value: the new Lease (its validity never beyond
-        ``held``'s, which the other holds keep up), or None and the round's replies."""
-        held.count_holds()  # from now on its extends and release count holds too
-        hold = secrets.token_urlsafe(9)
-        started = self._clock()
-        command = reenter_command(held.key, held.value, hold, ttl)
-        results = self._quorum_round(command, _is_reentered, self.node_timeout)
-        deadline = min(started + ttl - self._margin(ttl), held.deadline)
-        if sum(1 for r in results if _is_reentered(r)) >= self.quorum and self._clock() < deadline:
-            owner = cast(LeaseOwner, self)  # a Redlock
-            lease = Lease(
-                owner, self._clock, held.key, held.token, held.holder, ttl, started, deadline,
-                held.fence, self.max_hold,
-            )  # fmt: skip
-            lease.hold = hold
-            return lease, results
-        undo = release_command(held.key, held.value, ttl, hold)
-        self._nodes.round(undo, 0.0, wait=False, deliver=True)
-        return None, results

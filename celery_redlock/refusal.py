@@ -3,9 +3,11 @@
 Pure judging of replies, shared by every driver (no sockets, no clock): whether a
 node granted the lock (``is_granted``), and for a lost round whether someone holds
 the key -- who, and when a quorum of its keys frees -- or too few nodes answered
-(``why_not``). ``Attempt`` carries the outcome to the retry loop.
+(``why_not``). ``Attempt`` carries the outcome to the retry loop, and to the caller
+(``Attempt.outcome``: the lease, None, or the error to raise).
 
-Imports lease.py, holders.py and errors.py; must not import redlock.py or Celery.
+Imports lease.py, holders.py, commands.py and errors.py; must not import redlock.py
+or Celery.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
-from .errors import QuorumUnavailable
+from .commands import lease_name, lock_keys
+from .errors import LockContended, QuorumUnavailable
 from .holders import split_value
 from .lease import Lease
 
@@ -36,6 +39,17 @@ class Attempt:
     holder: Optional[str] = None
     holder_ttl: Optional[float] = None
     unavailable: Optional[QuorumUnavailable] = None
+
+    def outcome(self, key: Union[str, Sequence[str]], contended: bool) -> Optional[Lease]:
+        """The lease; ``QuorumUnavailable`` when too few nodes answered; when not
+        won, ``None``, or ``LockContended`` (holder, its remaining TTL) if
+        ``contended``. ``key``: the acquire's (one key, or a set named as its lease)."""
+        if self.unavailable is not None:
+            raise self.unavailable
+        if self.lease is None and contended:
+            name = key if isinstance(key, str) else lease_name(lock_keys(key))
+            raise LockContended(name, self.holder, self.holder_ttl)
+        return self.lease
 
 
 def why_not(key: str, results: list[object], addresses: Sequence[str], need: int) -> Attempt:

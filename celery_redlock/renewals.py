@@ -14,7 +14,7 @@ While its round runs, each lease's lock is held (``Lease._hold_for_extension``),
 that no ``extend`` or ``release`` of the same lease interleaves, as with
 ``Lease.extend``. Leases whose lock cannot renew in batches are extended one by one.
 
-Imports lease.py, extension.py, nodes.py, scripts.py, admin.py (``ms``, ``is_one``)
+Imports lease.py, extension.py, nodes.py, scripts.py, commands.py (``ms``), quorum.py (``is_one``)
 and background.py; not redlock.py (the lock
 imports the watchdog, which imports this module), nor Celery.
 """
@@ -26,11 +26,12 @@ import logging
 from typing import Callable, Final, Protocol, Sequence, runtime_checkable
 
 from . import scripts
-from .admin import is_one, ms
 from .background import in_hub
+from .commands import ms
 from .extension import extension_outcome, extension_ttl
 from .lease import Extension, Lease
 from .nodes import Batch, Command, NodeSet
+from .quorum import is_one
 
 __all__ = ["CHUNK", "BatchOwner", "extend_batch", "renew"]
 

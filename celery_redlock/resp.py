@@ -24,9 +24,19 @@ __all__ = ["INCOMPLETE", "Command", "pack", "parse"]
 
 def pack(*args: Union[bytes, str, int]) -> bytes:
     """RESP-encode one command."""
-    parts = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n%s" % (len(args), _bulk(args))
+
+
+def _bulk(args: Sequence[Union[bytes, str, int]]) -> bytes:
+    """``args`` as RESP bulk strings, one after the other (hot path: no array header)."""
+    parts = []
     for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        if isinstance(arg, str):
+            data = arg.encode()
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            data = str(arg).encode()
         parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
@@ -56,10 +66,8 @@ class Command:
         self.script = script
         self._keys = tuple(keys)
         self._args = tuple(args)
-        body = pack(*self._keys, *self._args)
-        self.payload = (
-            _evalsha_prefix(script, len(self._keys), len(self._args))
-            + body[body.index(b"\r\n") + 2 :]
+        self.payload = _evalsha_prefix(script, len(self._keys), len(self._args)) + _bulk(
+            self._keys + self._args
         )
 
     def fallback(self) -> bytes:

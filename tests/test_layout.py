@@ -37,6 +37,12 @@ CELERY_FREE = (
     "unpatched",
     "background",
     "skipped",
+    "rules",
+    "quorum",
+    "asyncio",
+    "asyncio.redlock",
+    "asyncio.nodes",
+    "asyncio.connection",
 )
 #: Rooms with no imports from the package at all (plain data or pure logic).
 SELF_CONTAINED = ("errors", "round", "holders", "headers", "scripts", "signals", "unpatched")

@@ -1,0 +1,348 @@
+"""``AsyncRedlock`` and ``AsyncLease``: the Redlock for asyncio code.
+
+Same constructor, same checks, same algorithm as ``celery_redlock.Redlock``: both
+inherit ``LockRules`` (rules.py), whose steps yield rounds; here each round is
+awaited on the event loop (nodes.py in this package) instead of run on a blocking
+poll. So a FastAPI or aiohttp service and the Celery workers take the same locks
+on the same nodes, and see each other's holders::
+
+    redlock = AsyncRedlock(["redis://lock1:6379/0", "redis://lock2:6379/0", ...])
+    async with redlock.lock("report:42", ttl=10, auto_extend=True) as lease:
+        ...  # lease.fence, lease.held; LockLost on leaving if it was lost
+
+Cancellation: a cancelled acquire releases what it got (its release goes to every
+node behind the SET, without waiting); a cancelled ``lock`` block's lease is
+released in a shielded task, so a second cancellation cannot stop the release.
+Auto-extension is one asyncio task per block, renewing at ttl/3.
+
+Reentrancy (``reentrant=True``, ``AlreadyHeld``; see reentry.py): the execution is
+the current asyncio Task, so two tasks of one event loop are two executions, as two
+threads are for ``Redlock``.
+
+Must not import Celery, redlock.py or the watchdog (its thread is for sync leases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+
+from ..admin import clear_matching
+from ..commands import lock_keys
+from ..errors import QuorumUnavailable, RedlockError
+from ..holders import HolderInfo
+from ..lease import Duration, Extension, Lease
+from ..quorum import Ask, Pause, Settle, Steps, clear_match, judge_exit, lease_value
+from ..reentry import HeldLeases
+from ..refusal import Attempt
+from ..rules import LockRules
+from ..validate import seconds
+from .nodes import AsyncNodeSet
+
+__all__ = ["AsyncLease", "AsyncRedlock"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_task_names: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+_task_serials = itertools.count(1)
+
+
+def current_task_execution() -> str:
+    """The execution acquiring now: the current asyncio Task (named once, by a
+    serial number, so a later task never inherits an ended one's name)."""
+    task = asyncio.current_task()
+    if task is None:
+        return "no asyncio task"
+    name = _task_names.get(task)
+    if name is None:
+        name = _task_names[task] = f"asyncio task {next(_task_serials)}"
+    return name
+
+
+class AsyncLease(Lease):
+    """A lease won by ``AsyncRedlock``: the same state as ``Lease`` (``validity``,
+    ``held``, ``lost``, ``fence``, ``ensure_held``, callbacks), with ``extend``,
+    ``release`` and ``owned`` as coroutines that return and raise as ``Lease``'s."""
+
+    #: The extension round in flight, if any (a re-acquire waits for it: ``Settle``).
+    _extending: Optional[asyncio.Future[None]] = None
+
+    @property
+    def _lock_of(self) -> AsyncRedlock:
+        return cast(AsyncRedlock, self._owner)
+
+    async def extend(self, ttl: Optional[Duration] = None) -> bool:  # type: ignore[override]
+        """See ``Lease.extend``."""
+        new_ttl = self.ttl if ttl is None else seconds("ttl", ttl)
+        await self._settled()  # one extension round at a time
+        if self._released or self._lost_reason is not None:
+            return False
+        done = self._extending = asyncio.get_running_loop().create_future()
+        try:
+            outcome = await self._lock_of._extend_lease(self, new_ttl)
+        finally:
+            self._extending = None
+            done.set_result(None)
+        with self._lock:
+            callbacks = self._record(outcome)
+        return self._announce(outcome, callbacks)
+
+    async def _settled(self) -> None:
+        """Return once no extension round of this lease is in flight."""
+        while self._extending is not None:
+            await asyncio.wait([self._extending])  # never cancels the round's future
+
+    async def release(self) -> bool:  # type: ignore[override]
+        """See ``Lease.release``: True, False or ``QuorumUnavailable``."""
+        if self._released:
+            return False
+        self._released = True
+        return await self._lock_of._release_lease(self)
+
+    async def owned(self) -> bool:  # type: ignore[override]
+        """See ``Lease.owned``."""
+        return await self._lock_of._owned_lease(self)
+
+    def __enter__(self) -> Lease:
+        raise TypeError("an AsyncLease is released with 'async with', not 'with'")
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.shield(self.release())
+
+
+class AsyncRedlock(LockRules):
+    """The Redlock over N independent Redis masters, for asyncio.
+
+    Arguments as ``Redlock``'s (same defaults, same checks, same errors); ``sleep``
+    is a coroutine function (default ``asyncio.sleep``). One connection per node
+    per event loop, opened on first use.
+    """
+
+    _nodes: AsyncNodeSet
+
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        ttl: Duration = 30.0,
+        node_timeout: Duration = 0.05,
+        drift_factor: float = 0.01,
+        retry_count: int = 3,
+        retry_delay: Duration = 0.2,
+        *,
+        fencing: bool = False,
+        max_hold: Optional[Duration] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        self._configure(
+            nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
+        )
+        self._clock = clock
+        self._sleep = sleep
+        self._nodes = AsyncNodeSet(nodes, clock=clock)
+        # Which leases each execution (asyncio Task) won through this lock.
+        self._held = HeldLeases(current_task_execution)
+        self._count_nodes(len(self._nodes))
+
+    def __repr__(self) -> str:
+        return f"<AsyncRedlock [{', '.join(self.nodes)}] ttl={self.ttl}s>"
+
+    @property
+    def nodes(self) -> list[str]:
+        """The node addresses, in the order given."""
+        return [n.address for n in self._nodes.nodes]
+
+    def close(self) -> None:
+        """Close every connection (they reopen on next use)."""
+        self._nodes.close()
+
+    async def _drive(self, steps: Steps[T]) -> T:
+        """Run an operation's steps, each round awaited on this lock's nodes."""
+        try:
+            step = next(steps)
+            while True:
+                if isinstance(step, Ask):
+                    step = steps.send(await self._nodes.round(step))
+                    continue
+                if isinstance(step, Pause):
+                    await self._sleep(step.seconds)
+                elif isinstance(step, Settle) and isinstance(step.lease, AsyncLease):
+                    await step.lease._settled()
+                step = steps.send([])
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    # -- acquire ------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        key: Union[str, Sequence[str]],
+        ttl: Optional[Duration] = None,
+        blocking: bool = True,
+        timeout: Optional[Duration] = None,
+        holder: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
+    ) -> Optional[AsyncLease]:
+        """See ``Redlock.acquire``: the lease, ``None`` when not won, or
+        ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
+        asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
+        more hold of its lease. ``key`` may be a list of keys taken together."""
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        return cast(Optional[AsyncLease], attempt.outcome(key, False))
+
+    async def try_acquire(
+        self,
+        key: Union[str, Sequence[str]],
+        ttl: Optional[Duration] = None,
+        blocking: bool = True,
+        timeout: Optional[Duration] = None,
+        holder: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        reentrant: bool = False,
+    ) -> AsyncLease:
+        """Like ``acquire`` but raises ``LockContended`` instead of returning None."""
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        return cast(AsyncLease, attempt.outcome(key, True))
+
+    async def _acquire(
+        self,
+        key: Union[str, Sequence[str]],
+        ttl: Optional[Duration],
+        blocking: bool,
+        timeout: Optional[Duration],
+        holder: Optional[str],
+        token: Optional[str],
+        reentrant: bool,
+    ) -> Attempt:
+        steps = self._acquire_steps(
+            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
+        return await self._drive(steps)
+
+    @contextlib.asynccontextmanager
+    async def lock(
+        self,
+        key: Union[str, Sequence[str]],
+        ttl: Optional[Duration] = None,
+        timeout: Optional[Duration] = None,
+        blocking: bool = True,
+        auto_extend: bool = False,
+        holder: Optional[str] = None,
+        *,
+        reentrant: bool = False,
+    ) -> AsyncIterator[AsyncLease]:
+        """``async with redlock.lock(key) as lease:`` -- as ``Redlock.lock``.
+
+        ``LockContended`` when not won in time. ``auto_extend=True``: an asyncio
+        task renews the lease at ttl/3 while the block runs (a failed renewal marks
+        it lost). Released on exit -- shielded, so also when the block is
+        cancelled; leaving normally raises ``LockLost`` when the lease was lost
+        meanwhile and ``QuorumUnavailable`` when the release reached no quorum.
+        """
+        lease = await self.try_acquire(
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
+        )
+        keeper = asyncio.ensure_future(keep_alive(lease, self._clock)) if auto_extend else None
+        try:
+            yield lease
+        except BaseException:
+            if keeper is not None:
+                keeper.cancel()
+            try:
+                await asyncio.shield(lease.release())
+            except RedlockError as exc:  # the block's own error is the one to see
+                logger.warning("releasing lock %s after an error failed: %s", key, exc)
+            raise
+        if keeper is not None:
+            keeper.cancel()
+        if lease.released:
+            return  # released in the block: its outcome was the block's to read
+        lost = lease.lost_reason
+        try:
+            released: Union[bool, QuorumUnavailable] = await asyncio.shield(lease.release())
+        except QuorumUnavailable as exc:
+            released = exc
+        judge_exit(lease, lost, released)
+
+    # -- release, extend and inspection -------------------------------------------------
+
+    async def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
+        """See ``Redlock.release_value``."""
+        keys = lock_keys(key)
+        return await self._drive(self._release_steps(keys, lease_value(value), self.ttl))
+
+    async def extend_value(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
+    ) -> bool:
+        """See ``Redlock.extend_value``."""
+        return await self._drive(self._extend_value_steps(key, value, ttl))
+
+    async def holder(self, key: str) -> HolderInfo:
+        """See ``Redlock.holder``."""
+        return await self._drive(self._holder_steps(key))
+
+    async def locked(self, key: str) -> bool:
+        """See ``Redlock.locked``."""
+        return await self._drive(self._locked_steps(key))
+
+    async def force_release(self, key: str) -> int:
+        """See ``Redlock.force_release``."""
+        return await self._drive(self._force_release_steps(key))
+
+    async def clear(self, match: str = "*") -> int:
+        """See ``Redlock.clear``. SCAN runs on a worker thread (plain redis-py
+        clients, as the synchronous lock's), not on the event loop."""
+        match = clear_match(match)
+        self._forget_held(match=match)
+        return await asyncio.to_thread(clear_matching, self._nodes.nodes, match, self.quorum)
+
+    async def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
+        return await self._drive(self._extend_steps(lease, ttl))
+
+    async def _release_lease(self, lease: Lease) -> bool:
+        return await self._drive(self._release_lease_steps(lease))
+
+    async def _owned_lease(self, lease: Lease) -> bool:
+        return await self._drive(self._owned_steps(lease))
+
+
+async def keep_alive(lease: AsyncLease, clock: Callable[[], float]) -> None:
+    """Renew ``lease`` every ttl/3 until it is released or lost (the watchdog's
+    schedule: after a round that met only slow or unreachable nodes, again at
+    every/3 or at ``retry_by``; at ``max_hold``, marked lost when validity ends)."""
+    every = lease.ttl / 3
+    wait = every
+    while True:
+        await asyncio.sleep(max(wait, 0.0))
+        if lease.released:
+            return
+        try:
+            extended = await lease.extend()
+        except RedlockError as exc:
+            logger.error("renewing lock %s failed: %s", lease.key, exc)
+            extended = False
+        if extended:
+            wait = every
+        elif lease.lost_reason is not None or lease.released:
+            return
+        elif lease.retry_by is not None:
+            wait = min(every / 3, lease.retry_by - clock())
+        else:
+            await asyncio.sleep(max(lease.deadline - clock(), 0.0))
+            if not lease.released:
+                lease.mark_lost("max_hold reached")
+            return
