@@ -181,6 +181,11 @@ class Node:
             found = self._sockaddr = (family, sockaddr)
         return found
 
+    @property
+    def needs_discovery(self) -> bool:
+        """A Sentinel-managed node whose master's address is not known yet."""
+        return self.sentinel is not None and self._sockaddr is None
+
     def forget_address(self) -> None:
         """Resolve the host again on the next connect (it may have moved): after a
         refusal, or a READONLY reply (a master demoted to replica by a failover)."""

@@ -93,6 +93,7 @@ class NodeSet:
 
     def __init__(self, specs: Sequence[object], clock: Callable[[], float] = time.monotonic):
         self.nodes = [Node(spec, i) for i, spec in enumerate(specs)]
+        self._sentinel_managed = any(node.sentinel is not None for node in self.nodes)
         seen: dict[tuple[str, ...], int] = {}
         for i, node in enumerate(self.nodes):
             if node.identity in seen:
@@ -247,11 +248,22 @@ class NodeSet:
     ) -> list[Optional[Connection]]:
         """Write ``commands`` to every node; the connection each one is awaited on."""
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
-        for i, node in enumerate(self.nodes):
+        # Nodes whose address is known are written first; each Sentinel-managed node
+        # still to be found then gets a share of what is left of the deadline, one
+        # share staying for the replies, so that hung Sentinels cost their own node,
+        # not the others (node.py).
+        order: Sequence[int] = range(len(self.nodes))
+        to_find = 0
+        if self._sentinel_managed:
+            order = sorted(order, key=lambda i: self.nodes[i].needs_discovery)
+            to_find = sum(1 for node in self.nodes if node.needs_discovery)
+        for i in order:
+            node = self.nodes[i]
             try:
-                # What is left of the round's deadline, for a master's address to be
-                # asked of its Sentinels (node.py).
                 budget = max(0.0, now + timeout - self._clock())
+                if node.needs_discovery:
+                    budget /= to_find + 1  # and a share left for the replies
+                    to_find -= 1
                 conn = node.checkout(wait, now, self._owed_age, budget)
                 if conn is None:
                     continue

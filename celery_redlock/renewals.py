@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Callable, Final, Protocol, Sequence, runtime_checkable
 
 from . import scripts
@@ -146,7 +147,17 @@ def _outcome(group: list[Lease]) -> list[Extension]:
         in_hub(
             functools.partial(logger.error, "renewing %d locks failed", len(group), exc_info=exc)
         )
-        return [Extension(retry_by=lease.retry_by) for lease in group]
+        return [_failed(lease, owner, exc) for lease in group]
+
+
+def _failed(lease: Lease, owner: object, exc: Exception) -> Extension:
+    """A renewal that raised: tried again while a round can still end in time, as
+    after slow nodes; lost with the error as its reason once none can."""
+    reason = f"renewal failed: {exc!r}"
+    retry_by = lease.deadline - 2 * float(getattr(owner, "node_timeout", 0.0))
+    if retry_by <= time.monotonic():
+        return Extension(reason=reason)
+    return Extension(reason=reason, retry_by=retry_by)
 
 
 def _extend_one(lease: Lease) -> bool:

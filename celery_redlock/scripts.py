@@ -235,11 +235,14 @@ RELEASE_HOLD: Final = Script(
 -- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token
 -- ARGV[1] our value; ARGV[2] this hold's nonce; ARGV[3] tombstone ttl in ms
 -- returns 1 when the key held our value: this hold is gone, and the key too when it
---         was the last (no holds left, or no set: a plain lease never re-acquired);
+--         was the last: this hold was in the set and none is left, or there is no set
+--         and this is the first hold '0' (holders.FIRST_HOLD: a plain lease never
+--         re-acquired on this node). A hold this node never counted (its REENTER did
+--         not land here: the undo of a failed re-acquire) leaves the key alone.
 --         0 when it was not ours (left untouched; a tombstone when absent, as RELEASE)
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('srem', KEYS[2], ARGV[2])
-  if redis.call('scard', KEYS[2]) == 0 then
+  local removed = redis.call('srem', KEYS[2], ARGV[2])
+  if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == '0') then
     redis.call('del', KEYS[1], KEYS[2])
   end
   return 1

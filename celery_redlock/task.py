@@ -175,7 +175,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         self.request.redlock_traced = True
         # This run is the execution that holds the task's lock (reentry.py): the body
         # may re-acquire the key with reentrant=True; a redelivered copy is another run.
-        reentry.execution.set(f"task {task_id} run {uuid()}")
+        # An eager task applied inside another's body restores the outer run's on exit.
+        self.request.redlock_execution = reentry.execution.set(f"task {task_id} run {uuid()}")
         self._redlock_acquire(task_id, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -485,7 +486,21 @@ def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
     # the trace's finally, with the request still in place.
     if isinstance(sender, RedlockTask):
         sender._redlock_release()
-        reentry.execution.set(None)  # the thread's next task is another execution
+        _end_execution(sender.request)
+
+
+def _end_execution(request: Any) -> None:
+    """The run is over: the execution before it (None, or an outer task's run that
+    applied this one eagerly) is the current one again."""
+    token = getattr(request, "redlock_execution", None)
+    request.redlock_execution = None
+    try:
+        if token is not None:
+            reentry.execution.reset(token)
+            return
+    except ValueError:  # set in another context (a pool that switched it)
+        pass
+    reentry.execution.set(None)
 
 
 task_postrun.connect(_release_on_every_exit, weak=False)

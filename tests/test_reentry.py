@@ -16,9 +16,16 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock import AlreadyHeld, ConfigurationError, QuorumUnavailable, Redlock, RedlockTask
+from celery_redlock import (
+    AlreadyHeld,
+    ConfigurationError,
+    QuorumUnavailable,
+    Redlock,
+    RedlockTask,
+    scripts,
+)
 from celery_redlock.config import app_config
-from celery_redlock.holders import reentry_holds
+from celery_redlock.holders import FIRST_HOLD, reentry_holds
 from celery_redlock.testing import RedisCluster, RedisServer
 
 NODE_TIMEOUT = 0.5
@@ -257,3 +264,49 @@ def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: Redis
         assert _holds(redis_nodes, "renewed", outer.value) == [2] * 5
         assert inner.release() is True
     assert _values(redis_nodes, "renewed") == [None] * 5
+
+
+def test_the_undo_of_a_hold_a_node_never_counted_leaves_the_outer_key(
+    redis_nodes: RedisCluster,
+) -> None:
+    # A re-acquire that failed or was cancelled sends RELEASE_HOLD for its nonce to
+    # every node, also where its REENTER never landed (no holds set there): that
+    # must not delete the outer hold's key. The first hold's release still does.
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("undo")
+    assert outer is not None
+    server = redis_nodes[0].client()
+    args = ["undo", reentry_holds("undo", outer.value), "undo\x00tomb"]
+    release_hold = scripts.RELEASE_HOLD.source
+    assert server.eval(release_hold, 3, *args, outer.value, "never-counted", 1000) == 1
+    assert _values(redis_nodes, "undo") == [outer.value.encode()] * 5
+    assert server.eval(release_hold, 3, *args, outer.value, FIRST_HOLD, 1000) == 1
+    assert server.get("undo") is None  # the only hold on that node: the key goes
+    assert outer.release() is True
+    assert _values(redis_nodes, "undo") == [None] * 5
+
+
+def test_an_eager_task_applied_inside_a_body_gives_the_run_back_its_execution(
+    app: Celery, redis_nodes: RedisCluster
+) -> None:
+    def echo(n: int) -> int:
+        return n
+
+    inner: Any = app.task(shared=False, base=RedlockTask, redlock_key="inner:{n}", name="r.inner")(
+        echo
+    )
+
+    def body(self: RedlockTask, n: int) -> bool:
+        options = self.redlock_options()
+        redlock = app_config(self.app).redlock(options.node_timeout, options.fencing)
+        lease = self.redlock
+        assert lease is not None
+        assert inner.apply((n,)).get() == n  # its own run, then ours again
+        again = redlock.acquire(lease.key, reentrant=True, blocking=False)
+        return again is not None and again.release() is True
+
+    outer: Any = app.task(
+        shared=False, bind=True, base=RedlockTask, redlock_key="outer:{n}", name="r.outer"
+    )(body)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert outer.delay(1).get(timeout=30) is True

@@ -147,6 +147,27 @@ def test_a_lock_through_sentinels_lives_on_the_master_and_is_released(
 
 
 @pytest.mark.slow
+def test_hung_sentinels_cost_their_own_node_not_the_others(group: RedisSentinelGroup) -> None:
+    # A Sentinel-managed node whose Sentinels all hang, beside two plain masters: the
+    # plain ones are written first and the lookup gets only what is left, so the
+    # quorum of 2 of 3 is still won (checked on the plain masters themselves).
+    with RedisServer() as b, RedisServer() as c:
+        for sentinel in group.sentinels:
+            sentinel.pause()
+        try:
+            redlock = Redlock([group.url, b.url, c.url], node_timeout=0.3)
+            for attempt in range(3):  # every round, not only the first
+                lease = redlock.acquire(f"sentinel:mixed:{attempt}", ttl=10, blocking=False)
+                assert lease is not None
+                assert holds(b, lease.key) and holds(c, lease.key)
+                assert lease.release() is True
+        finally:
+            for sentinel in group.sentinels:
+                if sentinel.paused:
+                    sentinel.resume()
+
+
+@pytest.mark.slow
 def test_an_unknown_master_name_fails_the_node_saying_so(group: RedisSentinelGroup) -> None:
     url = group.url.replace("master_name=mymaster", "master_name=nosuch")
     lock = Redlock([url], node_timeout=0.5)
