@@ -117,7 +117,10 @@ def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:
 
 def _no_holds(keys: Keys, hold: Optional[str]) -> None:
     if hold is not None and len(keys) > 1:
-        raise ConfigurationError("a lease on several keys has no reentrant holds")
+        raise ConfigurationError(
+            f"hold: a lease on several keys ({', '.join(keys)}) has no reentrant holds; "
+            "reentrant=True takes one key"
+        )
 
 
 def release_command(

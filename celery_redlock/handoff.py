@@ -13,7 +13,7 @@ Internal keys sit behind a NUL, like the fence counter and the tombstones
 ``<key>\\0waiter\\0<id>`` (the message to publish), ``<key>\\0claim\\0<id>`` (the
 copy id that won). Every one of them expires.
 
-Imports nodes.py, resp.py, scripts.py, admin.py and errors.py only: no Celery, no
+Imports nodes.py, resp.py, scripts.py, admin.py and holders.py only: no Celery, no
 redlock.py.
 """
 

@@ -226,8 +226,8 @@ OPTIONS: tuple[Option, ...] = (
         validate.flag,
         "task",
         'hand-off: a contended copy (`"retry"`) also waits in a queue on the lock nodes, '
-        "and a release runs the earliest waiter at once. Off by default: a body then runs "
-        "once only while the waiter claims survive on the nodes (SAFETY.md)",
+        "and a release runs the earliest waiter at once. Off by default because, when on, "
+        "a body runs once only while the waiter claims survive on the nodes (SAFETY.md)",
     ),
     Option(
         "redlock_handoff_claim_ttl",
@@ -235,7 +235,8 @@ OPTIONS: tuple[Option, ...] = (
         _seconds,
         "task",
         "hand-off: how long a waiter's claim is kept; a waiter's second message delayed "
-        "longer than this after the first ran could run the body again",
+        "longer than this after the first ran could run the body again. Must be longer "
+        "than `redlock_retry_backoff_max` + `redlock_ttl`",
         unit="s",
     ),
     Option(
@@ -308,6 +309,14 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
         raise ConfigurationError(
             f"redlock_retry_backoff_max ({options.retry_backoff_max}s) must be >= "
             f"redlock_retry_backoff ({options.retry_backoff}s)"
+        )
+    # A waiter's claim must outlive its fallback copy (countdown up to the backoff
+    # bound, plus the lock's ttl), or the fallback could run the body again.
+    longest_fallback = options.retry_backoff_max + options.ttl
+    if options.handoff and options.handoff_claim_ttl <= longest_fallback:
+        raise ConfigurationError(
+            f"redlock_handoff_claim_ttl ({options.handoff_claim_ttl}s) must be longer than "
+            f"redlock_retry_backoff_max + redlock_ttl ({longest_fallback}s)"
         )
     return options
 

@@ -17,7 +17,8 @@ The protocol and why it is safe: SAFETY.md, "Hand-off to waiting duplicates". Th
 queue is a hint: nothing here bears on mutual exclusion (the lock does that) and a
 lost wake costs only time (the fallback runs).
 
-Imports handoff.py, headers.py, config.py, errors.py and Celery; never task.py.
+Imports handoff.py, headers.py, config.py, errors.py, options.py, redlock.py and Celery;
+never task.py.
 """
 
 from __future__ import annotations

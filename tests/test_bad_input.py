@@ -132,6 +132,15 @@ SETTING_CASES = [
         ("redlock_node_timeout (30.0s) must be smaller than redlock_ttl (30.0s)",),
     ),
     SettingCase(
+        "handoff-claim-ttl-below-fallback",
+        {"redlock_handoff": True, "redlock_handoff_claim_ttl": 10},
+        True,
+        (
+            "redlock_handoff_claim_ttl (10.0s) must be longer than "
+            "redlock_retry_backoff_max + redlock_ttl (30.3s)",
+        ),
+    ),
+    SettingCase(
         "max-hold-negative",
         {"redlock_max_hold": timedelta(seconds=-1)},
         True,
