@@ -1,4 +1,5 @@
-"""Hand-off to waiting duplicates (``redlock_handoff``) in real prefork workers.
+"""Hand-off to waiting duplicates (``redlock_handoff``) in real prefork, gevent and
+eventlet workers.
 
 Two ``celery worker`` subprocesses (celery_redlock.testing.CeleryProcess) run
 tests/handoffapp.py against a real Redis broker, 5 real lock nodes and a third Redis,
@@ -51,9 +52,10 @@ stack = test_celery_workers.stack
 StartWorkers = Callable[[], list[CeleryProcess]]
 
 
-@pytest.fixture
-def workers(stack: Stack, tmp_path: Path) -> Iterator[list[CeleryProcess]]:
-    """Two ready prefork workers of concurrency 2; SIGKILLed at teardown."""
+def start_workers(
+    stack: Stack, log_dir: Path, pool: str = "prefork", concurrency: int = 2
+) -> list[CeleryProcess]:
+    """Two ready ``celery worker`` processes of ``pool``; SIGKILL them when done."""
     env = dict(os.environ)
     env.update(
         BROKER_URL=stack.broker.url,
@@ -64,9 +66,9 @@ def workers(stack: Stack, tmp_path: Path) -> Iterator[list[CeleryProcess]]:
         CeleryProcess.worker(
             "handoffapp",
             name=name,
-            pool="prefork",
-            concurrency=2,
-            log_path=tmp_path / f"{name}.log",
+            pool=pool,
+            concurrency=concurrency,
+            log_path=log_dir / f"{name}.log",
             cwd=TESTS_DIR,
             env=env,
             pythonpath=[TESTS_DIR, CHECKOUT],
@@ -75,12 +77,27 @@ def workers(stack: Stack, tmp_path: Path) -> Iterator[list[CeleryProcess]]:
     ]
     try:
         wait_all_ready(started, READY_TIMEOUT)
+    except BaseException:
+        stop_workers(started)
+        raise
+    return started
+
+
+def stop_workers(started: Sequence[CeleryProcess]) -> None:
+    for worker in started:
+        worker.kill()
+    for worker in started:  # shown only when the test failed
+        print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
+
+
+@pytest.fixture
+def workers(stack: Stack, tmp_path: Path) -> Iterator[list[CeleryProcess]]:
+    """Two ready prefork workers of concurrency 2; SIGKILLed at teardown."""
+    started = start_workers(stack, tmp_path)
+    try:
         yield started
     finally:
-        for worker in started:
-            worker.kill()
-        for worker in started:  # shown only when the test failed
-            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
+        stop_workers(started)
 
 
 def send(stack: Stack, task: str, **kwargs: Any) -> AsyncResult:
@@ -130,14 +147,34 @@ def check_each_ran_once(
 def test_same_key_tasks_each_run_once_one_at_a_time(
     stack: Stack, workers: list[CeleryProcess], task: str
 ) -> None:
-    results = [send(stack, task, tag="same", seconds=BODY, counter=task) for _ in range(TASKS)]
+    run_same_key_tasks(stack, task, "2 prefork workers x 2")
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_hand_off_in_green_pools_runs_each_task_once_one_at_a_time(
+    stack: Stack, tmp_path: Path, pool: str
+) -> None:
+    """The waiters' registrations, wakes and fallbacks come from greenlets: many
+    contended copies wait inside one process, and the holder's release wakes one."""
+    started = start_workers(stack, tmp_path, pool, concurrency=10)
+    try:
+        run_same_key_tasks(stack, "handoff", f"2 {pool} workers x 10", counter=f"handoff-{pool}")
+    finally:
+        stop_workers(started)
+
+
+def run_same_key_tasks(stack: Stack, task: str, where: str, counter: str = "") -> None:
+    """TASKS same-key copies of ``task``: each runs once, never two at once; the busy
+    share, messages per task and fairness are printed."""
+    counter = counter or task
+    results = [send(stack, task, tag="same", seconds=BODY, counter=counter) for _ in range(TASKS)]
     wait_all(results, timeout=180)
-    check_each_ran_once(stack, results, task)
-    spans = intervals(stack.observer, task)
-    ran = [task_id for task_id, _, _ in starts(stack.observer, task)]
-    messages = (TASKS + published(stack, task)) / TASKS
+    check_each_ran_once(stack, results, counter)
+    spans = intervals(stack.observer, counter)
+    ran = [task_id for task_id, _, _ in starts(stack.observer, counter)]
+    messages = (TASKS + published(stack, counter)) / TASKS
     print(
-        f"{task}: {TASKS} same-key tasks of {BODY}s on 2 prefork workers x 2: busy "
+        f"{task}: {TASKS} same-key tasks of {BODY}s on {where}: busy "
         f"{busy_share(spans):.0%} of the span, {messages:.2f} messages per task, fairness "
         f"(rank correlation, run vs arrival) {rank_correlation([r.id for r in results], ran):.2f}"
     )

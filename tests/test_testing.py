@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -525,3 +527,29 @@ def test_celery_process_stops_warm_with_its_pool_children(tmp_path: Path) -> Non
     # No pool child outlived it: its process group is empty.
     with pytest.raises(ProcessLookupError):
         os.killpg(worker.pid, 0)
+
+
+def test_a_server_that_dies_on_its_own_is_reported_when_closed() -> None:
+    """A redis-server that exited without stop/kill/restart (a crash, the OOM killer)
+    is named, with its exit code, by a RuntimeWarning at close: a test's lost
+    connections then have their cause beside them."""
+    server = RedisServer()
+    server.start()
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while server.pid is not None and time.monotonic() < deadline:  # reaped on poll
+        time.sleep(0.01)
+    with pytest.warns(RuntimeWarning, match=r"exited on its own \(exit code -9\)"):
+        server.close()
+
+
+def test_a_server_stopped_or_killed_through_the_kit_is_not_reported() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for end in ("stop", "kill"):
+            server = RedisServer()
+            server.start()
+            getattr(server, end)()
+            server.close()

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -126,6 +127,7 @@ class RedisServer:
         self._process: Optional[subprocess.Popen[bytes]] = None
         self._paused = False
         self._closed = False
+        self._ended_by_us = False  # stop/kill/restart: an exit we asked for
         self._log_offset = 0
         self._output_offset = 0
         self._control: Optional[redis.Redis] = None
@@ -196,7 +198,11 @@ class RedisServer:
         if self.pid is not None:
             return
         self._spawn()
-        self._await_ready(may_change_port=not self._fixed_port)
+        try:
+            self._await_ready(may_change_port=not self._fixed_port)
+        except BaseException:
+            self._ended_by_us = True  # its exit is the error raised here
+            raise
 
     def stop(self) -> None:
         """Graceful stop: ``SHUTDOWN NOSAVE`` (after SIGCONT if paused), SIGTERM if
@@ -206,6 +212,7 @@ class RedisServer:
         """
         process = self._process
         if process is not None and process.poll() is None:
+            self._ended_by_us = True
             self._signal(signal.SIGCONT)
             # SHUTDOWN acts at once; SIGTERM waits for the next serverCron tick (100 ms).
             try:
@@ -224,6 +231,7 @@ class RedisServer:
         """SIGKILL, as a crash: no RDB, an AOF only as far as it was fsynced."""
         process = self._process
         if process is not None and process.poll() is None:
+            self._ended_by_us = True
             process.kill()
             process.wait()
         self._paused = False
@@ -270,6 +278,7 @@ class RedisServer:
         if self._closed:
             return
         self._closed = True
+        self._warn_if_it_died()
         try:
             self.stop()
         finally:
@@ -382,6 +391,7 @@ class RedisServer:
                 preexec_fn=die_with_parent(),
             )
         self._paused = False
+        self._ended_by_us = False
         with _registry_lock:
             _live_servers.add(self)
 
@@ -448,6 +458,7 @@ class RedisServer:
             return
         if self._paused:
             self.resume()
+        self._ended_by_us = True
         try:
             self._control_client().shutdown(save=True)
         except redis.RedisError as error:
@@ -482,6 +493,19 @@ class RedisServer:
             except OSError:
                 continue
         return "\n".join(text.strip().splitlines()[-lines:])
+
+    def _warn_if_it_died(self) -> None:
+        # A server that exited without being told to (OOM killer, its spawning thread
+        # gone, a crash) explains a test's lost connections: say so, with its log.
+        process = self._process
+        if process is None or self._ended_by_us or process.poll() is None:
+            return
+        warnings.warn(
+            f"{self!r} exited on its own (exit code {process.returncode}) before it was "
+            f"closed; its log:\n{self._log_tail()}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _signal(self, signum: signal.Signals) -> None:
         if self._process is not None and self._process.poll() is None:
