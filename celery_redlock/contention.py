@@ -7,10 +7,10 @@ that points at a "queued" copy, a beat that leaves a tick to "another beat" -- d
 work nobody does. :func:`acquire_confirmed` trusts a holder only when a quorum of
 nodes agrees on it, and otherwise tries again after a short random pause, until a
 deadline. :func:`retry_countdown` says how long a copy that met a held lock waits
-before it tries again.
+before it tries again, and :func:`verdict` what a task's copy that met it does.
 
-Used by task.py, queue_once.py and beat.py. Imports redlock.py and errors.py only:
-no Celery.
+Used by task.py, queue_once.py and beat.py. Imports redlock.py, errors.py and (for
+types) options.py: no Celery.
 """
 
 from __future__ import annotations
@@ -18,12 +18,22 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from .errors import LockContended, QuorumUnavailable
 from .redlock import Lease, Redlock
 
-__all__ = ["Refused", "acquire_confirmed", "acquire_or_contended", "retry_countdown"]
+if TYPE_CHECKING:
+    from .options import TaskOptions
+
+__all__ = [
+    "Refused",
+    "Verdict",
+    "acquire_confirmed",
+    "acquire_or_contended",
+    "retry_countdown",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -119,3 +129,61 @@ def retry_countdown(
     if holder_ttl is not None and holder_ttl > 0:
         countdown = max(countdown, holder_ttl * HOLDER_TTL_FRACTION)
     return min(backoff_max, max(MIN_COUNTDOWN, countdown))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a task's copy that met a held lock (or no quorum) does next."""
+
+    #: "retry" (published again after ``countdown``), "skip" or "fail".
+    action: str
+    #: Seconds before the retry; None unless retrying.
+    countdown: Optional[float]
+    #: The log line's words for it, e.g. "retry in 1.2s (attempt 2/5)".
+    then: str
+    #: The lock retries ran out (``on_retries_exhausted`` chose the action).
+    exhausted: bool
+    #: The lock is held by another execution of this very task id: dropped, storing
+    #: nothing (failing it would store FAILURE over a task about to succeed).
+    redelivered: bool
+
+
+def verdict(
+    options: TaskOptions,
+    attempt: int,
+    holder_ttl: Optional[float],
+    *,
+    outage: bool,
+    eager: bool,
+    eager_left: Optional[float],
+    own_holder: bool,
+) -> Verdict:
+    """Lock retry ``attempt`` (1-based) of a copy that met a held lock (``outage``: no
+    quorum answered): the task's ``on_contended`` while retries last, then its
+    ``on_retries_exhausted``. ``eager``: the caller waits inline -- an outage fails at
+    once, and the wait ends when ``eager_left`` (seconds, None: its bound has passed)
+    runs out."""
+    action = options.on_contended
+    if action == "retry" and eager and outage:
+        action = "fail"  # an outage surfaces at once: the caller is waiting inline
+    exhausted = action == "retry" and (
+        attempt > options.max_retries or (eager and eager_left is None)
+    )
+    if exhausted:
+        action = options.on_retries_exhausted
+    redelivered = action != "retry" and own_holder
+    if redelivered:
+        action = "skip"
+    countdown = None
+    if action == "retry":
+        countdown = retry_countdown(
+            attempt, options.retry_backoff, options.retry_backoff_max, holder_ttl
+        )
+        if eager_left is not None:  # the last try comes just after the wait's bound
+            countdown = min(countdown, max(0.0, eager_left) + MIN_COUNTDOWN)
+        then = f"retry in {countdown:.1f}s (attempt {attempt}/{options.max_retries})"
+    elif exhausted:
+        then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
+    else:
+        then = "skipped" if action == "skip" else "failed"
+    return Verdict(action, countdown, then, exhausted, redelivered)

@@ -78,7 +78,7 @@ from celery.utils import uuid
 
 from . import queue_once, reentry, signals, waiting
 from .config import app_config
-from .contention import MIN_COUNTDOWN, acquire_or_contended, retry_countdown
+from .contention import acquire_or_contended, retry_countdown, verdict
 from .errors import ConfigurationError, LockContended, QuorumUnavailable
 from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
@@ -334,34 +334,16 @@ class RedlockTask(Task):  # type: ignore[misc]
         or (eager mode) returns None after waiting inline: try again."""
         request = self.request
         attempt = self._redlock_retries() + 1
-        action = options.on_contended
-        if action == "retry" and request.is_eager and isinstance(exc, QuorumUnavailable):
-            action = "fail"  # an outage surfaces at once: the caller is waiting inline
-        exhausted = action == "retry" and (
-            attempt > options.max_retries or self._redlock_inline_wait_over(ttl, options.ttl)
-        )
-        if exhausted:
-            action = options.on_retries_exhausted
-        # A redelivered copy of an execution still running elsewhere: failing it
-        # would store FAILURE over a task that is about to succeed (and count a
-        # chord part twice). Drop it, storing nothing.
-        redelivered = action != "retry" and self._is_own_holder(holder)
-        if redelivered:
-            action = "skip"
-        countdown = None
-        if action == "retry":
-            countdown = retry_countdown(
-                attempt, options.retry_backoff, options.retry_backoff_max, ttl
-            )
-            if request.is_eager:  # the last try comes just after the wait's bound
-                left = request.redlock_wait_until - time.monotonic()
-                countdown = min(countdown, max(0.0, left) + MIN_COUNTDOWN)
-            then = f"retry in {countdown:.1f}s (attempt {attempt}/{options.max_retries})"
-        elif exhausted:
-            then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
-        else:
-            then = "skipped" if action == "skip" else "failed"
-        if isinstance(exc, QuorumUnavailable):
+        outage = isinstance(exc, QuorumUnavailable)
+        eager_left = None
+        if request.is_eager and not self._redlock_inline_wait_over(ttl, options.ttl):
+            eager_left = request.redlock_wait_until - time.monotonic()
+        decided = verdict(
+            options, attempt, ttl, outage=outage, eager=request.is_eager,
+            eager_left=eager_left, own_holder=self._is_own_holder(holder),
+        )  # fmt: skip
+        action, countdown, then = decided.action, decided.countdown, decided.then
+        if outage:
             logger.error(
                 "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
                 self.name, request.id, key, exc, then,
@@ -392,10 +374,10 @@ class RedlockTask(Task):  # type: ignore[misc]
                 return None
             raise waiting.publish_retry(self, key, options, countdown, attempt, exc)
         queue_once.hand_back(self, key, options)  # this copy will not run
-        if redelivered:
+        if decided.redelivered:
             raise Ignore(f"skipped: lock {key} held by this task's running execution")
         if action == "skip":
-            return skipped_result(key, holder, str(exc), exhausted)
+            return skipped_result(key, holder, str(exc), decided.exhausted)
         raise exc
 
     def _is_own_holder(self, holder: Optional[str]) -> bool:

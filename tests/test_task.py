@@ -17,6 +17,8 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
+from hypothesis import given
+from hypothesis import strategies as st
 
 from celery_redlock import (
     SKIPPED,
@@ -535,3 +537,54 @@ def test_a_beat_tick_sent_twice_runs_once(tasks: dict[str, Any], recorder: Recor
     assert skipped[0]["holder"].startswith(first.id + "@")
     next_tick = {TICK_HEADER: 1235, ENTRY_HEADER: "every-second"}
     assert tasks["hold"].apply(args=(0.01,), kwargs={"tag": "tick"}, headers=next_tick).successful()
+
+
+# -- the contended copy's verdict (contention.verdict), without a worker ---------------------
+
+
+@given(
+    on_contended=st.sampled_from(["retry", "skip", "fail"]),
+    exhausted_to=st.sampled_from(["skip", "fail"]),
+    attempt=st.integers(1, 12),
+    max_retries=st.integers(0, 10),
+    holder_ttl=st.one_of(st.none(), st.floats(0.0, 600.0)),
+    outage=st.booleans(),
+    eager=st.booleans(),
+    eager_left=st.one_of(st.none(), st.floats(-1.0, 30.0)),
+    own_holder=st.booleans(),
+)
+def test_the_verdict_of_a_contended_copy_follows_its_options(
+    on_contended: str, exhausted_to: str, attempt: int, max_retries: int,
+    holder_ttl: Any, outage: bool, eager: bool, eager_left: Any, own_holder: bool,
+) -> None:  # fmt: skip
+    from celery_redlock.contention import MIN_COUNTDOWN, verdict
+    from celery_redlock.options import DEFAULTS, TASK_OPTIONS, task_options
+
+    values = {name: DEFAULTS[name] for name in TASK_OPTIONS}
+    values.update(
+        redlock_on_contended=on_contended, redlock_on_retries_exhausted=exhausted_to,
+        redlock_max_retries=max_retries,
+    )  # fmt: skip
+    options = task_options(values)
+    left = eager_left if eager else None
+    decided = verdict(
+        options, attempt, holder_ttl, outage=outage, eager=eager, eager_left=left,
+        own_holder=own_holder,
+    )  # fmt: skip
+    retrying = on_contended == "retry" and not (eager and outage)
+    over = attempt > max_retries or (eager and left is None)
+    assert decided.exhausted == (retrying and over)
+    if retrying and not over:
+        assert decided.action == "retry" and not decided.redelivered
+        assert decided.countdown is not None
+        assert MIN_COUNTDOWN <= decided.countdown <= options.retry_backoff_max
+        if left is not None:
+            assert decided.countdown <= max(0.0, left) + MIN_COUNTDOWN
+        assert decided.then.startswith("retry in ")
+    else:
+        chosen = on_contended
+        if on_contended == "retry":  # an eager outage fails at once, else retries ran out
+            chosen = exhausted_to if decided.exhausted else "fail"
+        assert decided.redelivered == own_holder
+        assert decided.action == ("skip" if own_holder else chosen)
+        assert decided.countdown is None
