@@ -5,7 +5,7 @@ calls them) first take a "queued" lock, the run-time lock key plus ``:queued``,
 holding the new task id, and send the message with the lock's value in the
 ``redlock_queued`` header. One call may override ``on_queued``, ``queued_ttl`` and
 ``dedupe_queued`` with ``apply_async(..., redlock={...})``, or pass celery-once's
-``once={"graceful": ..., "timeout": ...}`` (see options.call_options). A duplicate
+``once={"graceful": ..., "timeout": ...}`` (see call_options.py). A duplicate
 enqueue publishes nothing and gets the queued copy's ``AsyncResult`` back (or
 ``AlreadyQueued``). The queued copy hands its place back when it wins its run-time
 lock, when it is skipped or failed, and when it is revoked; a lost message frees it
@@ -29,11 +29,11 @@ from typing import Any, Callable, Optional
 
 from celery.utils import uuid
 
+from .call_options import call_options
 from .config import TaskOptions, app_config
 from .contention import acquire_or_contended
 from .errors import AlreadyQueued, LockContended, QuorumUnavailable
 from .headers import QUEUED_HEADER, header
-from .options import call_options
 
 __all__ = ["QUEUED_SUFFIX", "QUEUE_PLACE_PATIENCE", "enqueue", "hand_back", "hand_back_revoked"]
 
@@ -57,7 +57,7 @@ def enqueue(
 ) -> Any:
     """``task.apply_async(...)``: ``send`` it (the base class's apply_async), unless
     a copy with the same lock key is queued already. ``options`` may carry this call's
-    ``redlock={...}`` or celery-once's ``once={...}`` (options.call_options)."""
+    ``redlock={...}`` or celery-once's ``once={...}`` (call_options.py)."""
     # Per-call options are ours: checked on every call, never sent with the message.
     opts = call_options(
         task.redlock_options(), options.pop("redlock", None), options.pop("once", None)

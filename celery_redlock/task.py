@@ -77,6 +77,7 @@ from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
 from . import queue_once, reentry, signals, waiting
+from .call_options import once_task_options
 from .config import app_config
 from .contention import acquire_or_contended, retry_countdown, verdict
 from .errors import ConfigurationError, LockContended, QuorumUnavailable
@@ -88,7 +89,6 @@ from .options import (
     TaskAttribute,
     TaskOptions,
     check_task_names,
-    once_task_options,
 )
 from .redlock import Lease, Redlock
 from .skipped import SKIPPED, is_skipped, skipped_result
