@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from . import scripts
 from .admin import is_answer, ms
@@ -126,16 +126,27 @@ def claim_verdict(results: list[object], copy: str, quorum: int) -> str:
     return CLAIM_WON if winner == copy else CLAIM_LOST
 
 
+class Claim(NamedTuple):
+    """A claim round's outcome: the verdict, and each node that did not answer."""
+
+    verdict: str
+    #: The silent or failing nodes (address -> error): why a claim is undecided.
+    errors: dict[str, object]
+
+
 def claim(
     nodes: NodeSet, quorum: int, key: str, waiter: str, copy: str, ttl: float, timeout: float
-) -> str:
+) -> Claim:
     """Claim ``waiter`` for ``copy`` on every node (SET NX, kept ``ttl`` s): the verdict.
 
     The round waits for every node (up to ``timeout``): an early stop would turn a
     tie that every answer could settle into an undecided claim.
     """
     results = nodes.round(claim_command(key, waiter, copy, ttl), timeout, deliver=True)
-    return claim_verdict(results, copy, quorum)
+    errors: dict[str, object] = {
+        node.address: r for node, r in zip(nodes.nodes, results) if isinstance(r, BaseException)
+    }
+    return Claim(claim_verdict(results, copy, quorum), errors)
 
 
 def _text(value: object) -> str:

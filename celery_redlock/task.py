@@ -246,9 +246,9 @@ class RedlockTask(Task):  # type: ignore[misc]
         started = time.monotonic()
         request.redlock_inline_attempts = 0
         request.redlock_wait_until = None
-        if not waiting.claim_copy(self, key, options):  # raises Ignore: the other copy won
-            error = waiting.undecided_error(self, key, options)
-            request.redlock_skipped = self._redlock_contended(key, options, error, None, None)
+        undecided = waiting.claim_copy(self, key, options)  # Ignore: the other copy won
+        if undecided is not None:
+            request.redlock_skipped = self._redlock_contended(key, options, undecided, None, None)
             return
         while True:  # more than one round only in eager mode, which waits inline
             try:

@@ -38,7 +38,7 @@ from .headers import ARRIVAL_HEADER, COPY_HEADER, RETRIES_HEADER, WAITER_HEADER,
 from .options import TaskOptions
 from .redlock import Redlock
 
-__all__ = ["claim_copy", "publish_retry", "undecided_error", "wake_next"]
+__all__ = ["claim_copy", "publish_retry", "wake_next"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +47,18 @@ def _redlock(task: Any, options: TaskOptions) -> Redlock:
     return app_config(task.app).redlock(options.node_timeout, options.fencing)
 
 
-def claim_copy(task: Any, key: str, options: TaskOptions) -> bool:
-    """Claim the waiter id this copy carries, if any: True to go on (no waiter id, or
-    won), False when the claim is undecided (too few nodes answered). Raises
-    ``Ignore`` when the waiter's other copy won: this one stores nothing."""
+def claim_copy(task: Any, key: str, options: TaskOptions) -> Optional[QuorumUnavailable]:
+    """Claim the waiter id this copy carries, if any: None to go on (no waiter id, or
+    won); the error naming the silent nodes when the claim is undecided (too few
+    nodes answered). Raises ``Ignore`` when the waiter's other copy won: this one
+    stores nothing."""
     request = task.request
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
+    request.redlock_claim_undecided = False
     if not waiter or not copy or request.is_eager:
-        return True
+        return None
     redlock = _redlock(task, options)
-    verdict = handoff.claim(
+    verdict, errors = handoff.claim(
         redlock.node_set,
         redlock.quorum,
         key,
@@ -71,15 +73,10 @@ def claim_copy(task: Any, key: str, options: TaskOptions) -> bool:
             task.name, request.id, key, waiter,
         )  # fmt: skip
         raise Ignore(f"hand-off: waiter {waiter} of lock {key} is another copy's")
-    request.redlock_claim_undecided = verdict == handoff.CLAIM_UNDECIDED
-    return not request.redlock_claim_undecided
-
-
-def undecided_error(task: Any, key: str, options: TaskOptions) -> QuorumUnavailable:
-    """What an undecided claim is reported as (the WARNING/ERROR line, the signal)."""
-    redlock = _redlock(task, options)
-    why = {"claim": "too few nodes answered the waiter claim"}
-    return QuorumUnavailable(key, why, redlock.quorum)
+    if verdict == handoff.CLAIM_WON:
+        return None
+    request.redlock_claim_undecided = True
+    return QuorumUnavailable(key, errors or {"claim": "too few nodes answered"}, redlock.quorum)
 
 
 def publish_retry(

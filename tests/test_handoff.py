@@ -62,7 +62,7 @@ def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisCluste
     def run(copy: str, waiter: str, start: threading.Barrier, verdicts: dict[str, str]) -> None:
         nodes = Redlock(three.urls).node_set
         start.wait()
-        verdicts[copy] = claim(nodes, 2, "k", waiter, copy, 60.0, TIMEOUT)
+        verdicts[copy] = claim(nodes, 2, "k", waiter, copy, 60.0, TIMEOUT).verdict
 
     for trial in range(30):
         verdicts: dict[str, str] = {}
@@ -80,16 +80,18 @@ def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisCluste
 
 def test_a_redelivered_copy_finds_its_own_claim(three: RedisCluster) -> None:
     nodes = Redlock(three.urls).node_set
-    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_WON
-    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_WON
-    assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT) == CLAIM_LOST
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == (CLAIM_WON, {})
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
+    assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT).verdict == CLAIM_LOST
 
 
 def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisCluster) -> None:
     three[0].kill()
     three[1].kill()
     nodes = Redlock(three.urls).node_set
-    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == CLAIM_UNDECIDED
+    verdict, errors = claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT)
+    assert verdict == CLAIM_UNDECIDED
+    assert sorted(errors) == sorted(node.address for node in nodes.nodes[:2])  # named
 
 
 def test_claim_verdict_rules() -> None:
