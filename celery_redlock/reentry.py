@@ -27,7 +27,9 @@ not import rules.py, nodes.py, redlock.py or Celery.
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import threading
 import weakref
 from contextvars import ContextVar
@@ -56,7 +58,26 @@ SWEEP_AT = 256
 
 def current_execution() -> str:
     """Who is acquiring: the task run set in ``execution``, else this thread."""
-    return execution.get() or f"thread {threading.get_ident()}"
+    return execution.get() or _thread_serial()
+
+
+# One serial per thread (greenlet) object, never reused: a thread ident is reused as
+# soon as its thread ends, which would make a later thread the owner of an earlier
+# one's leases (AlreadyHeld for a lease it never took; with reentrant=True a second
+# holder beside whoever the lease was handed to).
+_serials: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+_serial_numbers = itertools.count(1)
+_serials_lock = threading.Lock()
+
+
+def _thread_serial() -> str:
+    greenlet = sys.modules.get("greenlet")  # gevent/eventlet: each greenlet is one
+    current = greenlet.getcurrent() if greenlet is not None else threading.current_thread()
+    with _serials_lock:
+        serial = _serials.get(current)
+        if serial is None:
+            serial = _serials[current] = f"thread #{next(_serial_numbers)}"
+        return serial
 
 
 def is_reentered(reply: object) -> bool:
@@ -134,7 +155,12 @@ _ALL: weakref.WeakSet[HeldLeases] = weakref.WeakSet()
 
 
 def _forget_all_in_child() -> None:
-    for held in list(_ALL):  # a forked child holds none of its parent's leases
+    # A forked child holds none of its parent's leases; a lock some other thread of
+    # the parent held at the fork would never be let go in the child: new ones.
+    global _serials_lock
+    _serials_lock = threading.Lock()
+    for held in list(_ALL):
+        held._lock = threading.Lock()
         held.clear()
 
 

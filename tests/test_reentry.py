@@ -310,3 +310,42 @@ def test_an_eager_task_applied_inside_a_body_gives_the_run_back_its_execution(
     )(body)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         assert outer.delay(1).get(timeout=30) is True
+
+
+def test_a_later_thread_never_inherits_an_ended_threads_leases(
+    redis_nodes: RedisCluster,
+) -> None:
+    """Thread idents are reused as soon as a thread ends. A thread that took a lease
+    and ended (handing the lease to another thread, or leaving it to expire) must not
+    make the next thread its owner: that one contends (None), neither ``AlreadyHeld``
+    nor -- with ``reentrant=True`` -- a second hold beside the lease's holder."""
+    redlock = _lock(redis_nodes)
+    handed: list[Any] = []
+    idents: set[int] = set()
+
+    def take() -> None:
+        idents.add(threading.get_ident())
+        handed.append(redlock.acquire("handed", blocking=False))
+
+    first = threading.Thread(target=take)
+    first.start()
+    first.join(30)
+    (lease,) = handed
+    assert lease is not None  # now held by this (another) thread of ours
+    reused = 0
+    for _ in range(20):  # later threads: most get the ended thread's ident back
+        out: list[Any] = []
+
+        def again(out: list[Any] = out) -> None:
+            out.append(threading.get_ident() in idents)
+            out.append(redlock.acquire("handed", blocking=False, reentrant=True))
+
+        thread = threading.Thread(target=again)
+        thread.start()
+        thread.join(30)
+        same_ident, got = out
+        reused += same_ident
+        assert got is None  # contended: the lease is not theirs
+    assert set(_holds(redis_nodes, "handed", lease.value)) == {0}  # no hold was counted
+    assert lease.release() is True
+    print(f"{reused} of 20 later threads had the first thread's ident")
