@@ -13,6 +13,7 @@ classes and scripts.py's ``Script`` only; nothing else from the package.
 
 from __future__ import annotations
 
+import re
 from typing import Final, Sequence, Union
 
 from redis import exceptions as rexc
@@ -94,9 +95,19 @@ _ERROR_CLASSES: Final[dict[str, type[rexc.RedisError]]] = {
 }
 
 
+# Redis 6 wraps an error raised inside a script: "ERR Error running script (call to
+# f_...): @user_script:9: @user_script: 9: -READONLY You can't write against a read
+# only replica." (Redis 7 passes "READONLY ..." through): classified by the inner code.
+_INNER_ERROR: Final = re.compile(r"\s-([A-Z]+)\s")
+
+
 def _error(line: bytes) -> rexc.RedisError:
     text = line.decode("utf-8", "replace")
-    cls = _ERROR_CLASSES.get(text.split(" ", 1)[0], rexc.ResponseError)
+    code = text.split(" ", 1)[0]
+    if code == "ERR" and "@user_script" in text:
+        inner = _INNER_ERROR.search(text)
+        code = inner.group(1) if inner else code
+    cls = _ERROR_CLASSES.get(code, rexc.ResponseError)
     return cls(text)
 
 

@@ -153,3 +153,25 @@ def test_a_pool_that_raises_is_dropped_and_the_others_are_still_swept() -> None:
     assert healthy.done.wait(10)
     _wait_asleep(finisher)
     assert len(failing.calls) == 1 and len(healthy.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"READONLY You can't write against a read only replica.",
+        # Redis 6.2: the same error raised inside a script, wrapped.
+        b"ERR Error running script (call to f_4c0e): @user_script:9: @user_script: 9: "
+        b"-READONLY You can't write against a read only replica.",
+    ],
+)
+def test_a_read_only_reply_is_known_on_redis_7_and_6(line: bytes) -> None:
+    """A demoted master's refusal makes a Sentinel-managed node ask again where the
+    master is: it must read as READONLY however the server words it."""
+    from redis.exceptions import ReadOnlyError
+
+    from celery_redlock.resp import parse
+
+    reply, _ = parse(b"-" + line + b"\r\n", 0)
+    assert isinstance(reply, ReadOnlyError)
+    plain, _ = parse(b"-ERR Error running script: @user_script:1: bad -x\r\n", 0)
+    assert type(plain).__name__ == "ResponseError"
