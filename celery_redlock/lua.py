@@ -9,7 +9,21 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["Script"]
+__all__ = ["WAKE_SUFFIX", "Script", "publish_wake"]
+
+#: What a key's wake channel adds to the key: a release PUBLISHes there, a blocked
+#: acquire SUBSCRIBEs (wake.py). Behind a NUL, which lock keys may not contain.
+WAKE_SUFFIX = "\0wake"
+
+
+def publish_wake(key: str) -> str:
+    """The Lua that tells ``key``'s waiters it was freed (``key``: a Lua expression).
+
+    ``redis.pcall``, its outcome ignored: a user whose ACL denies PUBLISH or the
+    channel (Redis 7's default ``acl-pubsub-default resetchannels``) still releases;
+    its waiters fall back to polling. No subscriber: a hash lookup on the node."""
+    suffix = "".join(f"\\{ord(c)}" if c < " " else c for c in WAKE_SUFFIX)
+    return f"redis.pcall('publish', {key} .. '{suffix}', '')"
 
 
 class Script:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .lua import Script
+from .lua import Script, publish_wake
 
 __all__ = [
     "ACQUIRE_MULTI",
@@ -116,15 +116,16 @@ RELEASE_MULTI: Final = Script(
     """
 -- KEYS[1..n] lock keys; KEYS[n+1..2n] their tombstones for our token
 -- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] n
--- Deletes each key that holds our value; leaves the others untouched, with a
--- tombstone for our token where the key is absent (a late ACQUIRE_MULTI of ours then
--- sets nothing, as RELEASE).
+-- Deletes each key that holds our value (each deletion published, as RELEASE);
+-- leaves the others untouched, with a tombstone for our token where the key is
+-- absent (a late ACQUIRE_MULTI of ours then sets nothing, as RELEASE).
 -- returns 1 when every key held our value (the whole set is now deleted); 0 otherwise
 local n = tonumber(ARGV[3])
 local deleted = 0
 for i = 1, n do
   if redis.call('get', KEYS[i]) == ARGV[1] then
     deleted = deleted + redis.call('del', KEYS[i])
+    WAKE(KEYS[i])
   elseif redis.call('exists', KEYS[i]) == 0 then
     redis.call('set', KEYS[n + i], '1', 'PX', ARGV[2])
   end
@@ -133,7 +134,7 @@ if deleted == n then
   return 1
 end
 return 0
-"""
+""".replace("WAKE(KEYS[i])", publish_wake("KEYS[i]"))
 )
 
 OWNED_MULTI: Final = Script(

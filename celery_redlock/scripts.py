@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .lua import Script
+from .lua import WAKE_SUFFIX, Script, publish_wake
 from .multi_scripts import (
     ACQUIRE_MULTI,
     EXTEND_MULTI,
@@ -46,6 +46,7 @@ __all__ = [
     "RELEASE",
     "RELEASE_HOLD",
     "RELEASE_MULTI",
+    "WAKE_SUFFIX",
     "Script",
 ]
 
@@ -129,18 +130,21 @@ RELEASE: Final = Script(
 -- KEYS[1] lock key; KEYS[2] its tombstone for our token; ARGV[1] our value;
 -- ARGV[2] tombstone ttl in milliseconds
 -- returns 1 when the key held our value and is now deleted; 0 when it was not ours
--- (expired, or taken by another holder: left untouched).
+-- (expired, or taken by another holder: left untouched). A deletion is published on
+-- the key's wake channel (blocked acquirers wake at once; errors ignored).
 -- When the key is absent, our SET may still be on its way (an acquire stops reading
 -- once a quorum answered, and this release may travel on another connection and
 -- overtake it): leave a tombstone for our token so that late SET is never applied.
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+  redis.call('del', KEYS[1])
+  WAKE(KEYS[1])
+  return 1
 end
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 end
 return 0
-"""
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
 
 HOLDER: Final = Script(
@@ -156,9 +160,14 @@ FORCE_RELEASE: Final = Script(
 -- KEYS[1] lock key; no token check (an operator's release of a stuck lock).
 -- Only the lock key: its fence counter stays (fences never go backwards) and its
 -- tombstones expire by themselves.
--- returns 1 when the key existed and is now deleted; 0 when it was absent
-return redis.call('del', KEYS[1])
-"""
+-- returns 1 when the key existed and is now deleted (published, as RELEASE); 0 when
+-- it was absent
+local deleted = redis.call('del', KEYS[1])
+if deleted == 1 then
+  WAKE(KEYS[1])
+end
+return deleted
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
 
 FENCED_SET: Final = Script(
@@ -241,6 +250,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
   local removed = redis.call('srem', KEYS[2], ARGV[2])
   if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == '0') then
     redis.call('del', KEYS[1], KEYS[2])
+    WAKE(KEYS[1])
   end
   return 1
 end
@@ -248,7 +258,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0
-"""
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
 
 EXTEND_MANY: Final = Script(
