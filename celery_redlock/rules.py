@@ -192,7 +192,7 @@ class LockRules(Reentry):
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
         limit = validate.wait_limit("timeout", timeout)
-        if not blocking and limit is not None:
+        if not blocking and timeout is not None:
             raise ConfigurationError(
                 f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
                 "attempt): drop timeout or set blocking=True"
