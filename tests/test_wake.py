@@ -227,7 +227,7 @@ def _denied_pubsub(server: RedisServer) -> set[str]:
     """What of publish / subscribe (command or channel) the node's ACL LOG refused."""
     denied = set()
     for entry in server.client().acl_log(count=128):
-        context, what = entry["context"], entry["object"]
+        context, what = str(entry["context"]), str(entry["object"])
         if what in ("publish", "subscribe") or what.endswith("\x00wake"):
             denied.add(f"{context}:{what}")
     return denied
@@ -301,6 +301,6 @@ def test_many_waiters_each_get_the_key_once_in_turn(
             proc.join(HANG_GUARD * 2)
         assert [proc.exitcode for proc in procs] == [0] * waiters
         client = observer.client()
-        order = [name.decode() for name in client.lrange("order", 0, -1)]
+        order = [n.decode() if isinstance(n, bytes) else n for n in client.lrange("order", 0, -1)]
         assert Counter(order) == {f"w{i}": 1 for i in range(waiters)}
         assert client.get("overlaps") is None
