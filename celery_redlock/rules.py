@@ -18,7 +18,8 @@ and returns the operation's value. It yields
   (``is_yes``, ``enough_yes``/``enough_no``), and an ``undo`` sent without waiting
   if the round is abandoned (a cancelled asyncio acquire); it is sent the round's
   per-node results, in node order (a reply, or a redis-py error);
-- ``Pause``: a wait (between acquire attempts); sent ``[]``;
+- ``Pause``: a wait between acquire attempts, which a driver that hears releases
+  (redlock.py through wake.py) ends at the key's release; sent ``[]``;
 - ``Settle``: wait until no extension round of a lease is in flight; sent ``[]``.
 
 A driver runs the steps with its own I/O: ``quorum.drive`` for a blocking round
