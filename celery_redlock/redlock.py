@@ -77,6 +77,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_SLEEP = time.sleep  # the default: waits are the lock's own, releases are heard
+
 
 class Redlock(LockQueries):
     """The Redlock distributed lock over N independent Redis masters.
@@ -116,7 +118,7 @@ class Redlock(LockQueries):
         fencing: bool = False,
         max_hold: Optional[Duration] = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = _SLEEP,
     ) -> None:
         self._configure(
             nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
@@ -128,7 +130,7 @@ class Redlock(LockQueries):
         self._count_nodes(len(self._nodes))
         # A blocked acquire hears releases (wake.py), unless waits were injected.
         self._wakeups: Optional[Wakeups] = None
-        if sleep is time.sleep:
+        if sleep is _SLEEP or sleep is time.sleep:  # not injected (gevent may patch later)
             heard_enough = len(self._nodes) - self.quorum + 1
             self._wakeups = Wakeups(self._nodes.nodes, heard_enough, self.node_timeout)
 

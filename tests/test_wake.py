@@ -15,6 +15,8 @@ import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
 from typing import Any, Callable
@@ -304,3 +306,37 @@ def test_many_waiters_each_get_the_key_once_in_turn(
         order = [n.decode() if isinstance(n, bytes) else n for n in client.lrange("order", 0, -1)]
         assert Counter(order) == {f"w{i}": 1 for i in range(waiters)}
         assert client.get("overlaps") is None
+
+
+_GREEN_WAIT = """
+import sys
+{patch}
+from celery_redlock import Redlock
+urls = sys.argv[1:]
+held = Redlock(urls, ttl=60).acquire("green", blocking=False)
+def release_later():
+    {sleep}(0.2)
+    held.release()
+{spawn}(release_later)
+# Only the releasing greenlet can end this wait in time (retry_delay and the holder's
+# TTL are past the timeout): a hub blocked by the wait would never run it.
+lease = Redlock(urls, ttl=10, retry_delay=3600).acquire("green", timeout=30)
+print("woken" if lease is not None else "not woken")
+"""
+
+_HUBS = {
+    "gevent": ("from gevent import monkey; monkey.patch_all()\nimport gevent", "gevent"),
+    "eventlet": ("import eventlet; eventlet.monkey_patch()", "eventlet"),
+}
+
+
+@pytest.mark.parametrize("hub", sorted(_HUBS))
+def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisCluster, hub: str) -> None:
+    pytest.importorskip(hub)
+    patch, module = _HUBS[hub]
+    script = _GREEN_WAIT.format(patch=patch, sleep=f"{module}.sleep", spawn=f"{module}.spawn")
+    done = subprocess.run(
+        [sys.executable, "-c", script, *redis_nodes.urls],
+        capture_output=True, text=True, timeout=HANG_GUARD * 2,
+    )  # fmt: skip
+    assert done.stdout.strip() == "woken", done.stderr
