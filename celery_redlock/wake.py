@@ -229,17 +229,16 @@ class Listener:
             self._started = True
             self._subscribe([wake_channel(k) for k in step.keys])
             if self._subs:
+                self._forget_heard()  # the next attempt comes after these
                 return  # attempt again now: a release before the subscription shows there
         started = self._clock()
         while self._subs:
             enough = self.heard_on() >= self._wakeups.heard_enough
             bound = step.longest if enough and step.longest is not None else step.seconds
-            left = started + bound
-            left -= self._clock()
+            left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
                 self._poll(0.0)  # the same release's messages from the other nodes
-                for sub in self._subs.values():
-                    sub.heard = False
+                self._forget_heard()  # the next attempt comes after them
                 return
             if left <= 0:
                 return
@@ -247,6 +246,10 @@ class Listener:
         left = started + step.seconds - self._clock()
         if left > 0:
             self._sleep(left)
+
+    def _forget_heard(self) -> None:
+        for sub in self._subs.values():
+            sub.heard = False
 
     def heard_on(self) -> int:
         """Nodes on which every channel is confirmed subscribed."""
