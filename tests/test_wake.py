@@ -201,6 +201,38 @@ def test_a_crashed_holder_is_taken_after_its_ttl(redis_nodes: RedisCluster) -> N
     lease.release()
 
 
+def _blocked(redlock: Redlock, key: Any, got: list[Any]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: got.append(redlock.acquire(key, timeout=HANG_GUARD)))
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["force_release", "set_release", "reentered_release"])
+def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisCluster, how: str) -> None:
+    """An operator's force_release, the release of a set of keys, and the last hold
+    of a re-entered lease publish too (each deletes the key)."""
+    urls = redis_nodes.urls
+    holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    key: Any = ["set:a", "set:b"] if how == "set_release" else f"kind:{how}"
+    held = holder.acquire(key, blocking=False)
+    assert held is not None
+    inner = holder.acquire(key, reentrant=True) if how == "reentered_release" else None
+    got: list[Any] = []
+    wanted = key if isinstance(key, list) else [key]
+    thread = _blocked(_waiter(urls), wanted[::-1], got)
+    for name in wanted:
+        _until(_subscribed(urls, name))
+    if how == "force_release":
+        assert holder.force_release(key) == len(urls)
+    else:
+        if inner is not None:
+            assert inner.release()  # one hold of two: the key stays, nobody is woken
+        assert held.release()
+    thread.join(HANG_GUARD)
+    assert got and got[0] is not None
+    got[0].release()
+
+
 def _acl_wait(urls: list[str], admin_urls: list[str], key: str) -> tuple[bool, Any]:
     """Hold ``key`` as the ACL user, block a waiter as the same user, release once
     the waiter is in its wait; (the release's outcome, the waiter's lease)."""
