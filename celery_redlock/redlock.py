@@ -49,11 +49,11 @@ from .holders import (
 )
 from .lease import Duration, Extension, Lease
 from .nodes import NodeSet
-from .quorum import CLOCK_PRECISION, drive, judge_exit, lease_value, quorum
+from .quorum import CLOCK_PRECISION, Pause, drive, judge_exit, lease_value, quorum
 from .reentry import HeldLeases
 from .refusal import Attempt
 from .renewals import extend_batch
-from .wake import Wakeups
+from .wake import Listener, Wakeups
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
@@ -239,13 +239,21 @@ class Redlock(LockQueries):
         steps = self._acquire_steps(
             self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
         )
-        if not blocking or self._wakeups is None:
+        wakeups = self._wakeups
+        if not blocking or wakeups is None:
             return self._drive(steps)
-        listener = self._wakeups.listener(self._clock, self._sleep)
+        listening: list[Listener] = []  # made at the first pause: none when won at once
+
+        def pause(step: Pause) -> None:
+            if not listening:
+                listening.append(wakeups.listener(self._clock, self._sleep))
+            listening[0].pause(step)
+
         try:
-            return drive(steps, self._round_trip, self._sleep, listener.pause)
+            return drive(steps, self._round_trip, self._sleep, pause)
         finally:
-            listener.close()
+            if listening:
+                listening[0].close()
 
     @contextmanager
     def lock(

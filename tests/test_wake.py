@@ -26,7 +26,7 @@ import redis
 from test_tls_acl import MINIMAL_ACL, acl_cluster, acl_nodes, set_user  # noqa: F401
 
 from celery_redlock import ConfigurationError, Redlock
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisCluster, RedisSentinelGroup, RedisServer
 from celery_redlock.wake import wake_channel
 
 NODE_TIMEOUT = 0.5
@@ -372,3 +372,20 @@ def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisCluster,
         capture_output=True, text=True, timeout=HANG_GUARD * 2,
     )  # fmt: skip
     assert done.stdout.strip() == "woken", done.stderr
+
+
+def test_a_sentinel_managed_node_is_heard_at_its_master() -> None:
+    with RedisSentinelGroup(replicas=1, sentinels=1, password="master-secret") as group:
+        holder = Redlock([group.url], ttl=NEVER, node_timeout=NODE_TIMEOUT)
+        held = holder.acquire("sentinel:wake", blocking=False)
+        assert held is not None
+        got: list[Any] = []
+        waiter = _waiter([group.url])  # polling would take an hour
+        thread = _blocked(waiter, "sentinel:wake", got)
+        master = group.master.client()
+        _until(lambda: master.pubsub_numsub(wake_channel("sentinel:wake"))[0][1] >= 1)
+        assert held.release()
+        thread.join(HANG_GUARD)
+        assert got and got[0] is not None
+        got[0].release()
+        waiter.close()
