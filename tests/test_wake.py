@@ -319,7 +319,7 @@ def test_many_waiters_each_get_the_key_once_in_turn(
 ) -> None:
     waiters = 6
     with RedisServer() as observer:
-        first = _waiter(redis_nodes.urls).acquire("herd", blocking=False)
+        first = _waiter(redis_nodes.urls, ttl=NEVER).acquire("herd", blocking=False)
         assert first is not None
         ctx = multiprocessing.get_context("spawn")
         procs = [
@@ -329,7 +329,7 @@ def test_many_waiters_each_get_the_key_once_in_turn(
         for proc in procs:
             proc.start()
         # Every waiter listens before the first release: only wakes move them on.
-        _until(_subscribed(redis_nodes.urls, "herd", waiters))
+        _until(_subscribed(redis_nodes.urls, "herd", waiters), guard=HANG_GUARD * 4)
         assert first.release()
         for proc in procs:
             proc.join(HANG_GUARD * 2)
