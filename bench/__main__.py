@@ -1,11 +1,11 @@
-"""``python -m bench {locks,profile,renewals,tasks} [options]``: see bench/__init__.py."""
+"""``python -m bench {locks,profile,renewals,tasks,wake} [options]``: see bench/__init__.py."""
 
 from __future__ import annotations
 
 import sys
 
 USAGE = (
-    "usage: python -m bench {locks,profile,renewals,tasks} [options]"
+    "usage: python -m bench {locks,profile,renewals,tasks,wake} [options]"
     "   (-h after the name for options)"
 )
 
@@ -31,6 +31,10 @@ def main(argv: list[str]) -> int:
         from .tasks import main as run_tasks
 
         return run_tasks(rest)
+    if name == "wake":
+        from .wake import main as run_wake
+
+        return run_wake(rest)
     print(f"unknown benchmark {name!r}\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -126,9 +126,19 @@ class Ask(NamedTuple):
 
 
 class Pause(NamedTuple):
-    """Wait this long before the next step (a blocking acquire between attempts)."""
+    """Wait before the next step (a blocking acquire between attempts).
+
+    A driver that cannot hear releases sleeps ``seconds`` (polling). One that can
+    (the synchronous lock, wake.py) treats ``keys`` as the lock keys whose release
+    ends the wait: at the first such pause it subscribes to their wake channels and
+    does not wait (the next attempt comes after the subscription, so a release
+    between that attempt and the next wait is heard); at the next ones it waits
+    for a release up to ``longest`` (the holder's remaining TTL, bounded by the
+    caller's timeout), or up to ``seconds`` where too few nodes could be heard."""
 
     seconds: float
+    keys: tuple[str, ...] = ()
+    longest: Optional[float] = None
 
 
 class Settle(NamedTuple):
@@ -146,9 +156,13 @@ Steps = Generator[Union[Ask, Pause, Settle], list[object], T]
 
 
 def drive(
-    steps: Steps[T], round_trip: Callable[[Ask], list[object]], sleep: Callable[[float], None]
+    steps: Steps[T],
+    round_trip: Callable[[Ask], list[object]],
+    sleep: Callable[[float], None],
+    pause: Optional[Callable[[Pause], None]] = None,
 ) -> T:
-    """Run ``steps`` with a blocking round function and sleep; the operation's value."""
+    """Run ``steps`` with a blocking round function and sleep; the operation's value.
+    ``pause``: how a ``Pause`` is waited (default: ``sleep(pause.seconds)``)."""
     try:
         step = next(steps)
         while True:
@@ -156,7 +170,10 @@ def drive(
                 step = steps.send(round_trip(step))
             else:
                 if isinstance(step, Pause):
-                    sleep(step.seconds)
+                    if pause is None:
+                        sleep(step.seconds)
+                    else:
+                        pause(step)
                 step = steps.send([])
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]

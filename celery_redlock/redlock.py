@@ -49,10 +49,11 @@ from .holders import (
 )
 from .lease import Duration, Extension, Lease
 from .nodes import NodeSet
-from .quorum import CLOCK_PRECISION, judge_exit, lease_value, quorum
+from .quorum import CLOCK_PRECISION, Pause, drive, judge_exit, lease_value, quorum
 from .reentry import HeldLeases
 from .refusal import Attempt
 from .renewals import extend_batch
+from .wake import Listener, Wakeups
 from .watchdog import get_watchdog
 
 # FENCE ... tombstone: what is stored under a lock key lives in holders.py; they stay
@@ -76,6 +77,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_SLEEP = time.sleep  # the default: waits are the lock's own, releases are heard
+
 
 class Redlock(LockQueries):
     """The Redlock distributed lock over N independent Redis masters.
@@ -86,16 +89,21 @@ class Redlock(LockQueries):
     ``node_timeout``: deadline of one round to all nodes, seconds (default 0.05),
     connection set-up included; must be well below ``ttl``.
     ``drift_factor``: clock-rate error allowed for, as a fraction of ttl (default 0.01).
-    ``retry_count`` / ``retry_delay``: a blocking acquire without a ``timeout`` tries
-    ``1 + retry_count`` times, waiting ``retry_delay`` x random 0.5..1.5 in between
-    (defaults 3 and 0.2 s), less when the holder's lock expires sooner.
+    ``retry_count``: how many attempts in a row that reached too few nodes (an
+    outage, not contention) a blocking acquire without a ``timeout`` retries before
+    it raises ``QuorumUnavailable`` (default 3); contention is waited out.
+    ``retry_delay``: between attempts, when a release cannot be heard (see
+    ``acquire``), wait ``retry_delay`` x random 0.5..1.5 (default 0.2 s), less when
+    the holder's lock expires sooner.
     ``fencing``: give every lease a fence number that strictly increases per key
     (costs a second round; default off). Fences are at least the wall-clock time in
     microseconds, so they also rise across a lock node that restarted without its
     counters (see SAFETY.md).
     ``max_hold``: bound on the total hold time through ``extend``, seconds (default
     None: unbounded; the Celery integration always sets one).
-    ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests.
+    ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests (with
+    an injected ``sleep`` a blocked acquire polls through it instead of listening
+    for releases).
     """
 
     def __init__(
@@ -110,7 +118,7 @@ class Redlock(LockQueries):
         fencing: bool = False,
         max_hold: Optional[Duration] = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = _SLEEP,
     ) -> None:
         self._configure(
             nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
@@ -120,6 +128,11 @@ class Redlock(LockQueries):
         self._nodes = NodeSet(nodes, clock=clock)
         self._held = HeldLeases()  # which leases each execution (thread, task run) won
         self._count_nodes(len(self._nodes))
+        # A blocked acquire hears releases (wake.py), unless waits were injected.
+        self._wakeups: Optional[Wakeups] = None
+        if sleep is _SLEEP or sleep is time.sleep:  # not injected (gevent may patch later)
+            heard_enough = len(self._nodes) - self.quorum + 1
+            self._wakeups = Wakeups(self._nodes.nodes, heard_enough, self.node_timeout)
 
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
@@ -140,6 +153,8 @@ class Redlock(LockQueries):
     def close(self) -> None:
         """Close every connection (they reopen on next use)."""
         self._nodes.close()
+        if self._wakeups is not None:
+            self._wakeups.close()
 
     # -- acquire ------------------------------------------------------------------
 
@@ -156,14 +171,19 @@ class Redlock(LockQueries):
     ) -> Optional[Lease]:
         """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
 
-        ``blocking=False``: one attempt. Blocking without ``timeout``: ``1 +
-        retry_count`` attempts; with ``timeout`` (seconds): attempts until it runs
-        out. Between attempts a random wait, cut short when the holder's lock expires
-        sooner. ``holder`` is stored beside the token so contention can name us
-        (default ``hostname:pid``). ``token``: the lease's token, chosen by the
-        caller (16..256 characters, no ``|``; default 20 random bytes), so that
-        another process knowing it can ``extend_value`` / ``release_value`` the
-        lease; it must be unique to this acquisition. ``timeout`` with
+        ``blocking=False``: one attempt. Blocking: attempts until won, or until
+        ``timeout`` seconds ran out (``None``, the default, or ``float("inf")``:
+        no limit; only an outage -- ``retry_count`` attempts in a row that reached
+        too few nodes -- ends the wait, with ``QuorumUnavailable``). Between
+        attempts it listens for the key's release on every node (wake.py) and
+        tries again as soon as one is heard, at the latest when the holder's lock
+        expires; nodes it cannot listen to (an ACL without pub/sub, a node down)
+        leave it polling every ``retry_delay`` x 0.5..1.5. ``holder`` is stored
+        beside the token so contention can name us (default ``hostname:pid``).
+        ``token``: the lease's token, chosen by the caller (16..256 characters, no
+        ``|``; default 20 random bytes), so that another process knowing it can
+        ``extend_value`` / ``release_value`` the lease; it must be unique to this
+        acquisition. ``timeout`` with
         ``blocking=False`` is refused (one attempt has nothing to time out).
 
         Raises ``QuorumUnavailable`` (not ``None``) when the last attempt failed
@@ -219,7 +239,21 @@ class Redlock(LockQueries):
         steps = self._acquire_steps(
             self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
         )
-        return self._drive(steps)
+        wakeups = self._wakeups
+        if not blocking or wakeups is None:
+            return self._drive(steps)
+        listening: list[Listener] = []  # made at the first pause: none when won at once
+
+        def pause(step: Pause) -> None:
+            if not listening:
+                listening.append(wakeups.listener(self._clock, self._sleep))
+            listening[0].pause(step)
+
+        try:
+            return drive(steps, self._round_trip, self._sleep, pause)
+        finally:
+            if listening:
+                listening[0].close()
 
     @contextmanager
     def lock(

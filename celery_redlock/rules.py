@@ -18,7 +18,8 @@ and returns the operation's value. It yields
   (``is_yes``, ``enough_yes``/``enough_no``), and an ``undo`` sent without waiting
   if the round is abandoned (a cancelled asyncio acquire); it is sent the round's
   per-node results, in node order (a reply, or a redis-py error);
-- ``Pause``: a wait (between acquire attempts); sent ``[]``;
+- ``Pause``: a wait between acquire attempts, which a driver that hears releases
+  (redlock.py through wake.py) ends at the key's release; sent ``[]``;
 - ``Settle``: wait until no extension round of a lease is in flight; sent ``[]``.
 
 A driver runs the steps with its own I/O: ``quorum.drive`` for a blocking round
@@ -191,8 +192,8 @@ class LockRules(Reentry):
             raise ConfigurationError(
                 f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
             )
-        limit = validate.optional_seconds("timeout", timeout, minimum=">= 0")
-        if not blocking and limit is not None:
+        limit = validate.wait_limit("timeout", timeout)
+        if not blocking and timeout is not None:
             raise ConfigurationError(
                 f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
                 "attempt): drop timeout or set blocking=True"
@@ -217,9 +218,13 @@ class LockRules(Reentry):
         token: Optional[str],
         reentrant: bool = False,
     ) -> Steps[Attempt]:
-        """Attempts until won, or until ``blocking`` / ``timeout`` / ``retry_count``
-        say to give up; between them a random wait, cut short when the holder's
-        lock expires sooner. The leases are ``lease_class(owner, ...)``.
+        """Attempts until won, or until ``blocking`` / ``timeout`` say to give up
+        (``timeout=None`` or ``inf``: until won; ``retry_count`` then bounds only
+        the attempts in a row that reached too few nodes, an outage). Between them
+        a ``Pause``: a driver that hears releases waits for one, at most until the
+        holder's lock expires; one that does not polls (``retry_delay`` x random
+        0.5..1.5, less when the holder's lock expires sooner). The leases are
+        ``lease_class(owner, ...)``.
 
         ``key``: one key, or a list of keys taken together (commands.py). A key this
         execution holds already (``_held``): ``AlreadyHeld`` at once, or with
@@ -237,27 +242,38 @@ class LockRules(Reentry):
                 self._held.add(attempt.lease)
             return attempt
         give_up = None if limit is None else self._clock() + limit
-        attempts = 0
+        outages = 0
         while True:
             attempt = yield from self._attempt(owner, lease_class, keys, lease_ttl, who, token)
             if attempt.lease is not None:
                 self._held.add(attempt.lease)
                 return attempt
-            attempts += 1
             if not blocking:
                 return attempt
-            if give_up is None and attempts > self.retry_count:
+            outages = outages + 1 if attempt.unavailable is not None else 0
+            if give_up is None and outages > self.retry_count:
+                return attempt  # an outage, not contention: QuorumUnavailable
+            pause = self._pause(keys, attempt.holder_ttl, give_up)
+            if pause is None:
                 return attempt
-            delay = random.uniform(0.5, 1.5) * self.retry_delay
-            if attempt.holder_ttl is not None:
-                # The holder's lock frees sooner: come back just after it does.
-                delay = min(delay, attempt.holder_ttl + random.uniform(0.001, 0.005))
-            if give_up is not None:
-                left = give_up - self._clock()
-                if left <= 0:
-                    return attempt
-                delay = min(delay, left)
-            yield Pause(delay)
+            yield pause
+
+    def _pause(
+        self, keys: Keys, holder_ttl: Optional[float], give_up: Optional[float]
+    ) -> Optional[Pause]:
+        """The wait after a refused attempt, or None when the timeout has run out."""
+        poll = random.uniform(0.5, 1.5) * self.retry_delay
+        longest = poll
+        if holder_ttl is not None:
+            # The holder's lock frees by then: come back just after it does.
+            longest = holder_ttl + random.uniform(0.001, 0.005)
+            poll = min(poll, longest)
+        if give_up is not None:
+            left = give_up - self._clock()
+            if left <= 0:
+                return None
+            poll, longest = min(poll, left), min(longest, left)
+        return Pause(poll, tuple(keys), longest)
 
     def _attempt(
         self, owner: object, lease_class: Callable[..., Lease], keys: Keys, ttl: float,

@@ -5,13 +5,23 @@ still holds our value, so a client whose lease ran out (and whose key was taken 
 someone else) can never touch the new holder's lock. Each one is a single command on
 the wire (EVALSHA), which is what keeps a lock operation at one command per node.
 
-This module imports nothing from the rest of the package.
+The multi-key scripts live in multi_scripts.py and the ``Script`` class in lua.py
+(re-exported here); this module imports only those two.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Final
+
+from .lua import WAKE_SUFFIX, Script, publish_wake
+from .multi_scripts import (
+    ACQUIRE_MULTI,
+    EXTEND_MULTI,
+    FENCE_MULTI,
+    MULTI_SCRIPTS,
+    OWNED_MULTI,
+    RELEASE_MULTI,
+)
 
 __all__ = [
     "ACQUIRE",
@@ -36,21 +46,9 @@ __all__ = [
     "RELEASE",
     "RELEASE_HOLD",
     "RELEASE_MULTI",
+    "WAKE_SUFFIX",
     "Script",
 ]
-
-
-class Script:
-    """A Lua script with its SHA1, as sent with EVALSHA (EVAL when the node forgot it)."""
-
-    __slots__ = ("sha", "source")
-
-    def __init__(self, source: str) -> None:
-        self.source = source.strip() + "\n"
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
-
-    def __repr__(self) -> str:
-        return f"<Script {self.sha[:8]}>"
 
 
 ACQUIRE: Final = Script(
@@ -132,18 +130,21 @@ RELEASE: Final = Script(
 -- KEYS[1] lock key; KEYS[2] its tombstone for our token; ARGV[1] our value;
 -- ARGV[2] tombstone ttl in milliseconds
 -- returns 1 when the key held our value and is now deleted; 0 when it was not ours
--- (expired, or taken by another holder: left untouched).
+-- (expired, or taken by another holder: left untouched). A deletion is published on
+-- the key's wake channel (blocked acquirers wake at once; errors ignored).
 -- When the key is absent, our SET may still be on its way (an acquire stops reading
 -- once a quorum answered, and this release may travel on another connection and
 -- overtake it): leave a tombstone for our token so that late SET is never applied.
 if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+  redis.call('del', KEYS[1])
+  WAKE(KEYS[1])
+  return 1
 end
 if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 end
 return 0
-"""
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
 
 HOLDER: Final = Script(
@@ -159,9 +160,14 @@ FORCE_RELEASE: Final = Script(
 -- KEYS[1] lock key; no token check (an operator's release of a stuck lock).
 -- Only the lock key: its fence counter stays (fences never go backwards) and its
 -- tombstones expire by themselves.
--- returns 1 when the key existed and is now deleted; 0 when it was absent
-return redis.call('del', KEYS[1])
-"""
+-- returns 1 when the key existed and is now deleted (published, as RELEASE); 0 when
+-- it was absent
+local deleted = redis.call('del', KEYS[1])
+if deleted == 1 then
+  WAKE(KEYS[1])
+end
+return deleted
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
 
 FENCED_SET: Final = Script(
@@ -244,6 +250,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
   local removed = redis.call('srem', KEYS[2], ARGV[2])
   if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == '0') then
     redis.call('del', KEYS[1], KEYS[2])
+    WAKE(KEYS[1])
   end
   return 1
 end
@@ -251,137 +258,8 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0
-"""
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
 )
-
-# -- multi-resource locks (redlock.acquire(["a", "b"])): every key or none, per node --
-#
-# A multi lease stores one value (token|holder) under each of its keys, in canonical
-# (sorted) order, and each script below checks or changes the whole set in one atomic
-# call per node: a node grants, extends or releases all of the keys, or none of them.
-# The set's keys come first (KEYS[1..n]), then per-key companions in the same order;
-# ARGV carries n, since KEYS holds more than the lock keys.
-
-ACQUIRE_MULTI: Final = Script(
-    """
--- KEYS[1..n] lock keys; KEYS[n+1..2n] their tombstones for our token; when fenced,
--- KEYS[2n+1..3n] their fence counters
--- ARGV[1] our value; ARGV[2] ttl in milliseconds; ARGV[3] n; ARGV[4] '1' when fenced
--- returns 1 (fenced: {1, the highest counter of the n keys}) when every key was free
---         (or held our value: the same call resent) and all now hold it for ttl;
---         {holder value, pttl in ms} when someone holds any key: the first such key's
---         holder, and the longest pttl among the held keys (when this node frees);
---         {false, -2} when our own release already passed by (a late call: no key set)
-local n = tonumber(ARGV[3])
-for i = n + 1, 2 * n do
-  if redis.call('exists', KEYS[i]) == 1 then
-    return {false, -2}
-  end
-end
-local holder = false
-local longest = -2
-for i = 1, n do
-  local held = redis.call('get', KEYS[i])
-  if held and held ~= ARGV[1] then
-    holder = holder or held
-    longest = math.max(longest, redis.call('pttl', KEYS[i]))
-  end
-end
-if holder then
-  return {holder, longest}
-end
-for i = 1, n do
-  redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
-if ARGV[4] ~= '1' then
-  return 1
-end
-local seen = 0
-for i = 2 * n + 1, 3 * n do
-  seen = math.max(seen, tonumber(redis.call('get', KEYS[i]) or '0'))
-end
-return {1, seen}
-"""
-)
-
-FENCE_MULTI: Final = Script(
-    """
--- KEYS[1..n] lock keys; KEYS[n+1..2n] their fence counters
--- ARGV[1] our value; ARGV[2] fence T; ARGV[3] n
--- Second round of a fenced multi acquire (see FENCE): T is recorded on every key's
--- counter, so a later holder of any one of the keys reads >= T and fences higher.
--- returns 1 when every counter is now >= T; 0 when a key is not ours (nothing changed)
-local n = tonumber(ARGV[3])
-for i = 1, n do
-  if redis.call('get', KEYS[i]) ~= ARGV[1] then
-    return 0
-  end
-end
-for i = n + 1, 2 * n do
-  if tonumber(redis.call('get', KEYS[i]) or '0') < tonumber(ARGV[2]) then
-    redis.call('set', KEYS[i], ARGV[2])
-  end
-end
-return 1
-"""
-)
-
-EXTEND_MULTI: Final = Script(
-    """
--- KEYS[1..n] lock keys; ARGV[1] our value; ARGV[2] new ttl in ms; ARGV[3] n
--- returns 1 when every key held our value and now expires ttl from now; 0 when any
--- key is not ours (nothing changed: the node no longer holds the whole set)
-local n = tonumber(ARGV[3])
-for i = 1, n do
-  if redis.call('get', KEYS[i]) ~= ARGV[1] then
-    return 0
-  end
-end
-for i = 1, n do
-  redis.call('pexpire', KEYS[i], ARGV[2])
-end
-return 1
-"""
-)
-
-RELEASE_MULTI: Final = Script(
-    """
--- KEYS[1..n] lock keys; KEYS[n+1..2n] their tombstones for our token
--- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] n
--- Deletes each key that holds our value; leaves the others untouched, with a
--- tombstone for our token where the key is absent (a late ACQUIRE_MULTI of ours then
--- sets nothing, as RELEASE).
--- returns 1 when every key held our value (the whole set is now deleted); 0 otherwise
-local n = tonumber(ARGV[3])
-local deleted = 0
-for i = 1, n do
-  if redis.call('get', KEYS[i]) == ARGV[1] then
-    deleted = deleted + redis.call('del', KEYS[i])
-  elseif redis.call('exists', KEYS[i]) == 0 then
-    redis.call('set', KEYS[n + i], '1', 'PX', ARGV[2])
-  end
-end
-if deleted == n then
-  return 1
-end
-return 0
-"""
-)
-
-OWNED_MULTI: Final = Script(
-    """
--- KEYS[1..n] lock keys; ARGV[1] our value; read-only
--- returns 1 when every key holds our value; 0 otherwise
-for i = 1, #KEYS do
-  if redis.call('get', KEYS[i]) ~= ARGV[1] then
-    return 0
-  end
-end
-return 1
-"""
-)
-
-MULTI_SCRIPTS: Final = (ACQUIRE_MULTI, FENCE_MULTI, EXTEND_MULTI, RELEASE_MULTI, OWNED_MULTI)
 
 EXTEND_MANY: Final = Script(
     """

@@ -65,6 +65,22 @@ def optional_seconds(
     return _seconds(name, value, minimum, wording, optional=True)
 
 
+def wait_limit(name: str, value: object) -> Optional[float]:
+    """How long a blocking call may wait: seconds >= 0, or ``None`` / ``float("inf")``
+    for no limit (returned as ``None``)."""
+    if isinstance(value, float) and value == math.inf:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        raise ConfigurationError(
+            f"{name} must be >= 0 seconds, or None / float('inf') to wait until "
+            f"acquired, got {value!r}"
+        )
+    try:
+        return optional_seconds(name, value, minimum=">= 0")
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} (None or float('inf'): wait until acquired)") from None
+
+
 def seconds(name: str, value: object, *, minimum: Bound = "> 0", wording: Wording = FAULT) -> float:
     """A duration as float seconds: int, float or timedelta, finite, within ``minimum``."""
     return _seconds(name, value, minimum, wording, optional=False)

@@ -90,7 +90,8 @@ def check_permissions(facts: NodeFacts, config: AppConfig) -> Check:
         f"{facts.lock_scripts_error}; an ACL user needs at least "
         f"~{config.key_prefix}:* +evalsha +script|load +get +set +exists +pttl "
         "+pexpire +del (and +eval to survive SCRIPT FLUSH, +sadd +scard +srem for "
-        "reentrant=True)",
+        f"reentrant=True, +publish +subscribe +unsubscribe &{config.key_prefix}:* for "
+        "blocked acquires to be woken by the release instead of polling)",
     )
 
 
