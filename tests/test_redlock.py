@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -558,13 +559,20 @@ def test_fences_strictly_increase_from_holder_to_holder(redis_nodes: RedisCluste
 def _contend(
     urls: Sequence[str], observer_url: str, key: str, rounds: int, seed: int, out: Any
 ) -> None:
+    """``rounds`` holds of ``key``; per hold, the observer's occupancy count and the
+    holding interval. A hold whose lease ran out before the body ended (a process
+    stalled past the 2 s ttl on a loaded machine) protected nothing: it is sent
+    marked, and nothing is concluded from it."""
     redlock = Redlock(urls, ttl=2, node_timeout=0.5, retry_delay=0.002, retry_count=10_000)
     observer = redis.Redis.from_url(observer_url)
     lock_clients = [redis.Redis.from_url(u) for u in urls]
     overlaps = no_ttl = done = 0
     intervals = []
     while done < rounds:
-        lease = redlock.acquire(key, blocking=True, holder=f"p{seed}")
+        try:
+            lease = redlock.acquire(key, blocking=True, holder=f"p{seed}")
+        except QuorumUnavailable:  # nodes too slow to answer in time: try again
+            continue
         if lease is None:
             continue
         start = time.monotonic_ns()
@@ -575,8 +583,10 @@ def _contend(
         if observer.decr("occupancy") != 0:
             overlaps += 1
         end = time.monotonic_ns()
-        lease.release()
-        intervals.append((start, end))
+        protected = lease.held  # the lease's validity outlasted the body
+        with contextlib.suppress(QuorumUnavailable):  # else it frees at its ttl
+            lease.release()
+        intervals.append((start, end, protected))
         done += 1
     out.put((overlaps, no_ttl, intervals))
 
@@ -601,20 +611,23 @@ def test_mutual_exclusion_under_contention_checked_by_an_independent_counter(
     scanner.start()
     for proc in procs:
         proc.start()
-    results = [out.get(timeout=240) for _ in procs]
+    results = [out.get(timeout=600) for _ in procs]
     stop_scan.set()
     scanner.join()
     for proc in procs:
         proc.join(10)
-    overlaps = sum(r[0] for r in results)
-    no_ttl = sum(r[1] for r in results)
     intervals = sorted(iv for r in results for iv in r[2])
     assert len(intervals) == processes * rounds >= 2000
-    assert overlaps == 0
-    assert no_ttl == 0 and keys_without_ttl == []
-    # The oracle log: holding intervals (one monotonic clock for all processes) never overlap.
-    for (_, end), (start, _) in zip(intervals, intervals[1:]):
+    assert sum(r[1] for r in results) == 0 and keys_without_ttl == []
+    unprotected = sum(1 for _, _, protected in intervals if not protected)
+    if unprotected == 0:  # the usual case: the observer's count is the whole check
+        assert sum(r[0] for r in results) == 0
+    # The oracle log: the holding intervals (one monotonic clock for all processes)
+    # whose lease outlived the body never overlap.
+    held = [(start, end) for start, end, protected in intervals if protected]
+    for (_, end), (start, _) in zip(held, held[1:]):
         assert end < start
+    print(f"{len(intervals)} holds, {unprotected} outlived by a stalled body")
 
 
 def _scan_for_keys_without_ttl(
