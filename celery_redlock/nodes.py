@@ -234,6 +234,10 @@ class NodeSet:
         for i, (node, conn) in enumerate(zip(self.nodes, conns)):
             if conn is None:
                 continue
+            if i in late and node.sentinel is not None:
+                # A hung master is what Sentinels fail over: ask them again next
+                # round (the connection is dropped once the address moves).
+                node.forget_address()
             if i in late and conn.behind_for(now) > self._owed_age:
                 # Behind for long and no answer in time: out of step (requests lost
                 # on the way) or slower than the deadline for long. Start afresh.

@@ -8,8 +8,10 @@ servers themselves (their own clients), never by the lock's word.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -293,3 +295,38 @@ def test_a_worker_on_a_sentinel_broker_locks_on_its_master_by_default(
         pytest.fail("kombu could not use the Sentinel broker")
     assert seen["held"] is True
     assert not holds(group.master, seen["key"])
+
+
+@pytest.mark.slow
+def test_a_hung_master_is_left_for_the_one_the_sentinels_promote() -> None:
+    """SIGSTOP, not a refused connection: the old master's port still accepts, and
+    nothing answers. A round that its node does not answer asks the Sentinels
+    again, so once they have promoted the replica, the lock follows (until then
+    every attempt is QuorumUnavailable: the only node is hung)."""
+    with RedisSentinelGroup(
+        replicas=1, sentinels=1, down_after_ms=500, failover_timeout_ms=1000
+    ) as hung_group:
+        lock = Redlock([hung_group.url], ttl=5, node_timeout=0.2)
+        first = lock.acquire("hung:before", blocking=False)
+        assert first is not None
+        first.release()
+        old = hung_group.master
+        old.pause()
+        try:
+            deadline = time.monotonic() + 60
+            moved = None
+            while moved is None or moved[1] == old.port:  # the Sentinel's own word
+                assert time.monotonic() < deadline, "the Sentinel never failed over"
+                moved = hung_group.sentinels[0].master_address()
+                time.sleep(0.05)
+            won = None
+            for attempt in range(100):  # each attempt asks the Sentinels once more
+                with contextlib.suppress(QuorumUnavailable):
+                    won = lock.acquire(f"hung:after:{attempt}", blocking=False)
+                if won is not None:
+                    break
+            assert won is not None, "100 attempts after the failover, still the old master"
+            assert holds(hung_group.master, won.key) and hung_group.master is not old
+            won.release()
+        finally:
+            old.resume()
