@@ -67,6 +67,7 @@ class Summary:
     threads: int
     p50_us: float
     p90_us: float
+    p95_us: float
     p99_us: float
     max_us: float
     mean_us: float
@@ -99,6 +100,7 @@ def summarize(timing: Timing) -> Summary:
         threads=timing.threads,
         p50_us=percentile(values, 0.50) / 1000,
         p90_us=percentile(values, 0.90) / 1000,
+        p95_us=percentile(values, 0.95) / 1000,
         p99_us=percentile(values, 0.99) / 1000,
         max_us=values[-1] / 1000,
         mean_us=sum(values) / count / 1000,
