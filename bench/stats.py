@@ -110,10 +110,16 @@ def summarize(timing: Timing) -> Summary:
     )
 
 
+def _warm_up(op: Op, calls: int) -> None:
+    """Untimed calls; one that fails at its job (a loaded machine) is not counted."""
+    for _ in range(calls):
+        with contextlib.suppress(OpFailed):
+            op()
+
+
 def run_loop(op: Op, iterations: int, warmup: int = 0) -> Timing:
     """``op`` ``iterations`` times in this thread, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        op()
+    _warm_up(op, warmup)
     gc.collect()
     clock = time.perf_counter_ns
     latencies = [0] * iterations
@@ -147,8 +153,7 @@ def run_threads(
         failed: Counter[str] = Counter()
         try:
             op = make_op(index)
-            for _ in range(warmup):
-                op()
+            _warm_up(op, warmup)
         except BaseException as error:
             failures.append(error)
             barrier.abort()
