@@ -109,6 +109,21 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def pin(cluster: RedisCluster) -> dict[str, Any]:
+    """Servers on the last CPU, this process on the others (``sched_setaffinity``,
+    as ``taskset`` does), so the client and the servers stop taking each other's
+    core; other work on the machine is not moved. What was done, for the report."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {"pinned": False, "why": f"{len(cpus)} usable CPU"}
+    servers, client = {cpus[-1]}, set(cpus[:-1])
+    for server in cluster:
+        if server.pid is not None:
+            os.sched_setaffinity(server.pid, servers)
+    os.sched_setaffinity(0, client)
+    return {"pinned": True, "servers_cpus": sorted(servers), "client_cpus": sorted(client)}
+
+
 def latency_vs_nodes(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
     """Ours, the floor and pottery on the first N nodes, for each N, interleaved."""
     value = secrets.token_urlsafe(20).encode() + f"|{socket.gethostname()}:1".encode()
@@ -199,8 +214,9 @@ def renewal_rows(cluster: RedisCluster, plan: Plan, log: Log) -> list[dict[str, 
     return rows
 
 
-def run(plan: Plan, binary: str, log: Log) -> dict[str, Any]:
-    """Every section, each on fresh servers; the report (JSON-ready)."""
+def run(plan: Plan, binary: str, log: Log, pinned: bool = False) -> dict[str, Any]:
+    """Every section, each on fresh servers; the report (JSON-ready). ``pinned``: the
+    latency and threads sections run with servers and client on separate CPUs."""
     started = time.monotonic()
     report: dict[str, Any] = {
         "bench": "scale",
@@ -209,11 +225,14 @@ def run(plan: Plan, binary: str, log: Log) -> dict[str, Any]:
         "plan": asdict(plan),
     }
     keys = _Keys()
+    affinity = os.sched_getaffinity(0)
     with RedisCluster(max(plan.node_counts), binary=binary) as cluster:
-        log(f"latency vs nodes {plan.node_counts} ...")
+        report["pinning"] = pin(cluster) if pinned else {"pinned": False}
+        log(f"latency vs nodes {plan.node_counts} ({report['pinning']}) ...")
         report["latency_vs_nodes"] = latency_vs_nodes(cluster, plan, keys, log)
         log(f"ops/s vs threads {plan.thread_counts} ...")
         report["ops_vs_threads"] = ops_vs_threads(cluster, plan, keys, log)
+    os.sched_setaffinity(0, affinity)  # the rest runs unpinned
     with RedisCluster(5, binary=binary) as cluster:
         log(f"hand-off latency, {plan.handoff_samples} samples ...")
         handoff = scale_handoff.measure(cluster.urls, plan.handoff_samples, keys("handoff"))
@@ -250,6 +269,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help=f"redis-server binary (default: ${REDIS_SERVER_ENV}, else the newest on PATH)",
     )
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="latency and threads sections: redis-servers on the last CPU, the client "
+        "on the others (like taskset)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -263,7 +288,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report = run(plan, binary, log)
+    report = run(plan, binary, log, pinned=args.pin)
     markdown = scale_report.render_markdown(report)
     print(markdown)
     log(f"done in {report['duration_s']} s")

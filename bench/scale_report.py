@@ -14,12 +14,17 @@ def _f(value: float, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _latency(section: dict[str, Any]) -> list[str]:
+def _latency(section: dict[str, Any], pinning: dict[str, Any]) -> list[str]:
     lines = [
         f"Latency vs nodes (non-blocking acquire + release of a free key, µs; load "
         f"{section['loadavg'][0]:g} -> {section['loadavg'][1]:g}). Floor: `SET NX PX` + "
         "`DEL` over bare sockets to the same N nodes, waiting for a quorum of replies "
-        "(1 node: one blocking socket).",
+        "(1 node: one blocking socket). "
+        + (
+            f"Pinned: servers on CPU {pinning['servers_cpus']}, client on {pinning['client_cpus']}."
+            if pinning.get("pinned")
+            else "Not pinned: servers and client share every CPU."
+        ),
         "",
         "| nodes | ours p50 | p95 | floor p50 | p95 | ours / floor (p50) "
         "| pottery p50 | p95 | pottery / ours (p50) |",
@@ -129,7 +134,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "![Scale benchmark](bench/results/scale.png)",
         "",
     ]
-    lines += _latency(report["latency_vs_nodes"])
+    lines += _latency(report["latency_vs_nodes"], report.get("pinning", {}))
     lines += _threads(report["ops_vs_threads"])
     lines += _renewals(report["renewals"])
     lines += _hot_key(report["hot_key"], report["plan"])
