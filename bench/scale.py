@@ -51,6 +51,7 @@ from .locks import (
     pick_redis_server,
 )
 from .locks import Plan as LocksPlan
+from .profile import cpu_per_op
 from .resp import FloorCycle, FloorQuorum
 from .stats import Op, run_threads, summarize
 
@@ -69,6 +70,8 @@ class Plan:
     pottery_iterations: int = 600
     rounds: int = 4
     warmup: int = 200
+    #: Operations timed by getrusage (CPU per operation, ours and the floor, 1 and 5 nodes).
+    cpu_operations: int = 3000
     thread_counts: tuple[int, ...] = (1, 8, 32)
     #: Timed operations per thread count, split over the threads (pottery: fewer, it
     #: starts a thread pool per operation).
@@ -92,6 +95,7 @@ QUICK = Plan(
     pottery_iterations=60,
     rounds=2,
     warmup=30,
+    cpu_operations=300,
     thread_counts=(1, 8),
     thread_operations=200,
     pottery_thread_operations=20,
@@ -148,8 +152,18 @@ def latency_vs_nodes(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -
         ]
     load = _load()
     rounds_plan = LocksPlan(rounds=plan.rounds, warmup=plan.warmup)
+    ops = {slug: op for slug, op, _ in entries}
+    cpu: dict[str, dict[str, float]] = {}
     try:
         summaries, _ = _single_thread(entries, rounds_plan, log)
+        # Where the time goes: CPU per operation (getrusage), ours beside the floor.
+        for n in (1, 5):
+            if n in plan.node_counts:
+                for who in ("ours", "floor"):
+                    cpu[f"{who}_{n}"] = {
+                        k: round(v, 2)
+                        for k, v in cpu_per_op(ops[f"{who}_{n}"], plan.cpu_operations).items()
+                    }
     finally:
         for close in closers:
             close()
@@ -166,7 +180,7 @@ def latency_vs_nodes(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -
                 "pottery_over_ours_p50": round(theirs.p50_us / mine.p50_us, 2),
             }
         )
-    return {"loadavg": [load, _load()], "rows": rows}
+    return {"loadavg": [load, _load()], "rows": rows, "cpu_per_op": cpu}
 
 
 def ops_vs_threads(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
@@ -235,9 +249,13 @@ def run(plan: Plan, binary: str, log: Log, pinned: bool = False) -> dict[str, An
     os.sched_setaffinity(0, affinity)  # the rest runs unpinned
     with RedisCluster(5, binary=binary) as cluster:
         log(f"hand-off latency, {plan.handoff_samples} samples ...")
-        handoff = scale_handoff.measure(cluster.urls, plan.handoff_samples, keys("handoff"))
-        report["handoff_latency"] = {**handoff, "loadavg": _load()}
-        log(f"  {report['handoff_latency']}")
+        report["handoff_latency"] = []
+        for lock_name in scale_handoff.LOCKS:
+            handoff = scale_handoff.measure(
+                cluster.urls, plan.handoff_samples, keys("handoff", lock_name), lock_name
+            )
+            report["handoff_latency"].append({**handoff, "loadavg": _load()})
+            log(f"  {report['handoff_latency'][-1]}")
         log(f"renewal CPU vs leases held {plan.lease_counts} ...")
         report["renewals"] = renewal_rows(cluster, plan, log)
         log(f"hot key vs duplicates {plan.duplicates} ...")

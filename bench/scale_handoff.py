@@ -4,7 +4,8 @@ blocking=True, timeout=...)`` in another process get the lock.
 
 Public API only (``Redlock.acquire`` and ``Lease.release``), so the same code measures
 whatever ``acquire`` does while it waits: polling today, a wake-up on release once one
-exists. One call, :func:`measure`, is what ``bench/scale.py`` runs.
+exists. One call, :func:`measure`, is what ``bench/scale.py`` runs; beside ours it
+measures python-redis-lock (one node, BLPOP on release) the same way, for scale.
 
 Per sample: the holder (a spawned process) acquires the key and says so; the waiter
 (this process) tells it that it is about to block and calls ``acquire``; the holder
@@ -21,46 +22,99 @@ import random
 import statistics
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Callable, Optional, Protocol
+
+import redis
 
 from celery_redlock import Redlock
 
 from .stats import percentile
 
-__all__ = ["measure"]
+__all__ = ["LOCKS", "measure"]
 
 TTL = 10.0
 #: How long the waiter may block; far above any hand-off, far below the TTL.
 WAIT_TIMEOUT = 5.0
 
 
-def _holder(urls: list[str], key: str, conn: Connection) -> None:
+class _Lock(Protocol):
+    def acquire(self) -> Optional[Callable[[], object]]: ...  # the release, or None
+    def close(self) -> None: ...
+
+
+class _Ours:
+    """celery-redlock: ``Redlock(urls).acquire(key, blocking=True, timeout=...)``."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        self._redlock = Redlock(urls, ttl=TTL)
+        self._key = key
+
+    def acquire(self) -> Optional[Callable[[], object]]:
+        lease = self._redlock.acquire(self._key, blocking=True, timeout=WAIT_TIMEOUT)
+        return None if lease is None else lease.release
+
+    def close(self) -> None:
+        self._redlock.close()
+
+
+class _PythonRedisLock:
+    """python-redis-lock on the first node: a waiter blocks in BLPOP on a signal list
+    that the release pushes to."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        import redis_lock  # the bench extra
+
+        self._make = redis_lock.Lock
+        self._client = redis.Redis.from_url(urls[0])
+        self._key = key
+
+    def acquire(self) -> Optional[Callable[[], object]]:
+        lock = self._make(self._client, self._key, expire=int(TTL))
+        return lock.release if lock.acquire(blocking=True, timeout=WAIT_TIMEOUT) else None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+#: Lock library -> how to make its lock on (urls, key), and how many nodes it uses.
+LOCKS: dict[str, tuple[Callable[[list[str], str], _Lock], Optional[int]]] = {
+    "celery-redlock": (_Ours, None),
+    "python-redis-lock": (_PythonRedisLock, 1),
+}
+
+
+def _holder(lock_name: str, urls: list[str], key: str, conn: Connection) -> None:
     """The other process: acquire, wait for the waiter, release, report the stamp."""
-    redlock = Redlock(urls, ttl=TTL)
+    lock = LOCKS[lock_name][0](urls, key)
     rng = random.Random()
     try:
         while conn.recv() == "go":
-            lease = redlock.acquire(key, blocking=True, timeout=WAIT_TIMEOUT)
-            if lease is None:
+            release = lock.acquire()
+            if release is None:
                 conn.send(None)
                 continue
             conn.send("held")
             conn.recv()  # the waiter is about to block
             time.sleep(rng.uniform(0.02, 0.06))
             stamp = time.monotonic_ns()
-            lease.release()
+            release()
             conn.send(stamp)
     finally:
-        redlock.close()
+        lock.close()
 
 
-def measure(urls: list[str], samples: int, key: str) -> dict[str, Any]:
-    """``samples`` hand-offs of ``key`` on ``urls``; latencies in ms."""
+def measure(
+    urls: list[str], samples: int, key: str, lock_name: str = "celery-redlock"
+) -> dict[str, Any]:
+    """``samples`` hand-offs of ``key`` on ``urls`` (``lock_name``: a key of ``LOCKS``;
+    a one-node library uses the first URL); latencies in ms."""
+    make, nodes = LOCKS[lock_name]
+    urls = urls[:nodes] if nodes else urls
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    holder = context.Process(target=_holder, args=(urls, key, theirs), daemon=True)
+    holder = context.Process(target=_holder, args=(lock_name, urls, key, theirs), daemon=True)
     holder.start()
-    redlock = Redlock(urls, ttl=TTL)
+    lock = make(urls, key)
     latencies_ns: list[int] = []
     missed = 0
     try:
@@ -70,24 +124,25 @@ def measure(urls: list[str], samples: int, key: str) -> dict[str, Any]:
                 missed += 1
                 continue
             ours.send("waiting")
-            lease = redlock.acquire(key, blocking=True, timeout=WAIT_TIMEOUT)
+            release = lock.acquire()
             got = time.monotonic_ns()
             released = ours.recv()
-            if lease is None:
+            if release is None:
                 missed += 1
                 continue
             latencies_ns.append(got - released)
-            lease.release()
+            release()
         ours.send("stop")
     finally:
-        redlock.close()
+        lock.close()
         holder.join(10)
         if holder.is_alive():
             holder.kill()
     values = sorted(latencies_ns)
     if not values:
-        return {"nodes": len(urls), "samples": 0, "missed": missed}
+        return {"lock": lock_name, "nodes": len(urls), "samples": 0, "missed": missed}
     return {
+        "lock": lock_name,
         "nodes": len(urls),
         "samples": len(values),
         "missed": missed,

@@ -38,6 +38,24 @@ def _latency(section: dict[str, Any], pinning: dict[str, Any]) -> list[str]:
             f"| {_f(pottery['p50_us'])} | {_f(pottery['p95_us'])} "
             f"| {row['pottery_over_ours_p50']:.2f} |"
         )
+    cpu = section.get("cpu_per_op") or {}
+    if cpu:
+        lines += [
+            "",
+            "Where the time goes (CPU per acquire + release from `getrusage`, µs: user = "
+            "Python and the C it calls, system = the kernel's socket work; less "
+            "sensitive to other work than wall time):",
+            "",
+            "| | wall | user | system | voluntary switches |",
+            "|---|--:|--:|--:|--:|",
+        ]
+        for slug, row in cpu.items():
+            who, n = slug.split("_")
+            name = f"{'ours' if who == 'ours' else 'floor'}, {n} node{'s' if n != '1' else ''}"
+            lines.append(
+                f"| {name} | {_f(row['wall_us'])} | {_f(row['user_us'])} "
+                f"| {_f(row['system_us'])} | {row['voluntary_switches']:.2f} |"
+            )
     return lines
 
 
@@ -85,11 +103,13 @@ def _hot_key(rows: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]:
         f"{plan['hot_body_s']:g} s body, redlock_retry_backoff_max 4 s; all duplicates "
         "published at once). Busy = share of first start to last end with a body inside; "
         "messages = published by the caller + by the workers (retries, wakes, fallbacks); "
-        "ran once / overlaps read from the bodies' own stamps on an observer Redis:",
+        "ran once / overlaps read from the bodies' own stamps on an observer Redis; "
+        "fairness = rank correlation of run order with publish order (1: first come, "
+        "first run):",
         "",
         "| duplicates | redlock_handoff | busy | span s | broker messages | per task "
-        "| ran once | ran twice | overlaps |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| ran once | ran twice | overlaps | fairness |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
         timed_out = " (timed out)" if row["timed_out"] else ""
@@ -98,23 +118,30 @@ def _hot_key(rows: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]:
             f"| {row['busy_share'] * 100:.0f}%{timed_out} | {row['span_s']} "
             f"| {row['broker_messages']} | {row['messages_per_task']:.2f} "
             f"| {row['ran_once']} of {row['duplicates']} | {row['ran_twice_or_more']} "
-            f"| {row['overlapping_bodies']} |"
+            f"| {row['overlapping_bodies']} | {row.get('fairness', '-')} |"
         )
     return lines
 
 
-def _handoff(section: dict[str, Any]) -> list[str]:
-    if not section.get("samples"):
-        return ["", f"Hand-off latency: no sample ({section})."]
-    return [
+def _handoff(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
-        f"Hand-off latency ({section['nodes']} nodes; holder in one process, waiter "
-        "blocked in `acquire(key, blocking=True, timeout=5)` in another; from the start "
-        "of the holder's `release()` to the waiter's `acquire` returning): "
-        f"p50 {section['p50_ms']:.2f} ms, p95 {section['p95_ms']:.2f} ms, max "
-        f"{section['max_ms']:.2f} ms over {section['samples']} samples "
-        f"(missed {section['missed']}; load {section['loadavg']:g}).",
+        "Hand-off latency (holder in one process, waiter blocked in `acquire(..., "
+        "blocking=True, timeout=5)` in another; from the start of the holder's "
+        "`release()` to the waiter's `acquire` returning; ms):",
+        "",
+        "| lock | nodes | p50 | p95 | max | samples | missed | load |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
+    for row in rows:
+        if not row.get("samples"):
+            lines.append(f"| {row['lock']} | {row['nodes']} | - | - | - | 0 | {row['missed']} |")
+            continue
+        lines.append(
+            f"| {row['lock']} | {row['nodes']} | {row['p50_ms']:.2f} | {row['p95_ms']:.2f} "
+            f"| {row['max_ms']:.2f} | {row['samples']} | {row['missed']} | {row['loadavg']:g} |"
+        )
+    return lines
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -204,11 +231,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     hot.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     hot.set_ylim(0, 105)
     hot.legend()
-    handoff_data = report["handoff_latency"]
-    if handoff_data.get("samples"):
-        labels = ["p50", "p95", "max"]
-        hand.bar(labels, [handoff_data[f"{label}_ms"] for label in labels])
-    hand.set(title="hand-off latency, 5 nodes (release -> blocked acquire)", ylabel="ms")
+    measured = [row for row in report["handoff_latency"] if row.get("samples")]
+    labels = [
+        f"{row['lock']}\n({row['nodes']} node{'s' if row['nodes'] > 1 else ''})" for row in measured
+    ]
+    for offset, (stat, alpha) in enumerate((("p50", 1.0), ("p95", 0.45))):
+        hand.bar(
+            [i + offset * 0.4 for i in range(len(measured))],
+            [row[f"{stat}_ms"] for row in measured],
+            width=0.4,
+            alpha=alpha,
+            color="C0",
+            label=stat,
+        )
+    hand.set_xticks([i + 0.2 for i in range(len(measured))], labels)
+    hand.legend()
+    hand.set(title="hand-off latency (release -> blocked acquire)", ylabel="ms", yscale="log")
     axes[1][2].axis("off")
     machine = report["machine"]
     axes[1][2].text(

@@ -9,7 +9,8 @@ sees) it reports:
 - broker messages: the N published + every task message the workers published
   (lock retries, hand-off wakes, fallbacks), per task;
 - each ran once: every task id's body ran exactly once, and no two body spans overlap
-  (read from the bodies' own CLOCK_MONOTONIC stamps, not from the lock).
+  (read from the bodies' own CLOCK_MONOTONIC stamps, not from the lock);
+- fairness: Spearman's rank correlation of run order against publish order.
 
 It needs nothing of the lock rooms beyond the public task options.
 """
@@ -60,6 +61,19 @@ def _overlaps(spans: list[tuple[str, int, int]]) -> int:
     return sum(1 for a, b in zip(spans, spans[1:]) if b[1] < a[2])
 
 
+def _rank_correlation(arrival: list[str], ran: list[str]) -> float:
+    """Spearman's rho of run order against arrival order (1: first come, first run)."""
+    order = {task_id: i for i, task_id in enumerate(ran)}
+    ranks = [order[task_id] for task_id in arrival if task_id in order]
+    n = len(ranks)
+    if n < 2:
+        return 1.0
+    # Ranks of the ranks: tasks that never ran leave gaps.
+    dense = {rank: i for i, rank in enumerate(sorted(ranks))}
+    d2 = sum((i - dense[rank]) ** 2 for i, rank in enumerate(ranks))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
 def measure_hot_key(
     client: Celery,
     observer: redis.Redis,
@@ -107,6 +121,7 @@ def measure_hot_key(
         "ran_twice_or_more": sum(1 for count in runs.values() if count > 1),
         "never_ran": sum(1 for task_id in ids if task_id not in runs),
         "overlapping_bodies": _overlaps(spans),
+        "fairness": round(_rank_correlation(ids, [task_id for task_id, _, _ in spans]), 2),
         "timed_out": len(runs) < duplicates,
     }
 

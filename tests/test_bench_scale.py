@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bench import scale_handoff, scale_report
-from bench.scale_tasks import _busy_share, _overlaps
+from bench.scale_tasks import _busy_share, _overlaps, _rank_correlation
 from celery_redlock.testing import RedisClusterFactory
 
 
@@ -34,6 +34,12 @@ def test_busy_share_and_overlaps_come_from_the_body_spans() -> None:
     assert _overlaps(spans) == 1
     assert _overlaps(spans[:2]) == 0
     assert _busy_share([]) == 0.0
+
+
+def test_fairness_is_the_rank_correlation_of_run_order_with_arrival() -> None:
+    assert _rank_correlation(["a", "b", "c"], ["a", "b", "c"]) == 1.0
+    assert _rank_correlation(["a", "b", "c"], ["c", "b", "a"]) == -1.0
+    assert _rank_correlation(["a", "b", "c", "d"], ["a", "b", "d"]) == 1.0  # c never ran
 
 
 def _summary(p50: float) -> dict[str, Any]:
@@ -101,15 +107,19 @@ def _report() -> dict[str, Any]:
             for n in (10, 100)
         ],
         "hot_key": [{**hot, "handoff": True}, {**hot, "handoff": False, "busy_share": 0.1}],
-        "handoff_latency": {
-            "nodes": 5,
-            "samples": 3,
-            "missed": 0,
-            "p50_ms": 50.0,
-            "p95_ms": 90.0,
-            "max_ms": 95.0,
-            "loadavg": 1.0,
-        },
+        "handoff_latency": [
+            {
+                "lock": lock,
+                "nodes": nodes,
+                "samples": 3,
+                "missed": 0,
+                "p50_ms": p50,
+                "p95_ms": 2 * p50,
+                "max_ms": 3 * p50,
+                "loadavg": 1.0,
+            }
+            for lock, nodes, p50 in (("ours", 5, 50.0), ("theirs", 1, 1.0))
+        ],
     }
 
 
@@ -118,7 +128,7 @@ def test_report_has_a_table_per_section_and_draws_the_figure(tmp_path: Path) -> 
     text = scale_report.render_markdown(report)
     for heading in ("| nodes |", "| threads |", "| leases held |", "| duplicates |"):
         assert heading in text
-    assert "Hand-off latency" in text
+    assert "| lock | nodes |" in text
     pytest.importorskip("matplotlib")
     scale_report.plot(report, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
