@@ -169,6 +169,9 @@ def hot_key_rows(
             stack.callback(worker.stop, 20.0)
         wait_all_ready(started, READY_TIMEOUT)
         log(f"  {workers} prefork workers x {concurrency} ready")
+        # Warm-up, not reported: each pool child's first task pays its imports and
+        # its first connections to the lock nodes.
+        measure_hot_key(client, observer, True, 2 * workers * concurrency, 0.0, 60.0)
         for count in duplicates:
             # Hand-off off is slow: give it room, bounded (the run goes on, marked).
             for handoff in (True, False):
