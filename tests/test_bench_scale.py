@@ -18,6 +18,7 @@ from bench.scale_tasks import _busy_share, _overlaps, _rank_correlation
 from celery_redlock.testing import RedisClusterFactory
 
 
+@pytest.mark.slow
 def test_handoff_measure_takes_every_sample_through_the_public_api(
     redis_cluster_factory: RedisClusterFactory,
 ) -> None:
