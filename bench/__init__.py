@@ -7,12 +7,16 @@ Run from the repository root (the bench starts and stops its own servers)::
     python -m bench locks --quick    # smoke run with few iterations (results not saved)
     python -m bench profile          # cProfile of our acquire+release, top functions
     python -m bench renewals         # watchdog CPU vs leases held, leases lost far away
+    python -m bench scale            # scale tables and figure (nodes, threads, leases, hot key)
+    python -m bench wake             # a blocked acquire woken by the release, vs peers
 
 Layout: ``resp`` (a bare RESP socket: the physical floor and the bench's own control
 connection), ``stats`` (timed loops and percentiles), ``contenders`` (one adapter per
 lock library), ``commands`` (commands per node per operation, from MONITOR and
 ``INFO commandstats``), ``locks`` (the run: scenarios, ratios, report), ``profile``,
-``renewals`` (the watchdog at scale).
+``renewals`` (the watchdog at scale), ``scale`` (the scale tables; with ``scale_tasks``,
+the hot key in real workers, ``scale_handoff``, library hand-off latency, and
+``scale_report``, tables and figure), ``wake`` (hand-off latency across processes).
 
 Nothing in celery_redlock imports this package.
 """

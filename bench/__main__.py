@@ -1,11 +1,11 @@
-"""``python -m bench {locks,profile,renewals,tasks,wake} [options]``: see bench/__init__.py."""
+"""``python -m bench {locks,profile,renewals,scale,tasks,wake} [options]``: bench/__init__.py."""
 
 from __future__ import annotations
 
 import sys
 
 USAGE = (
-    "usage: python -m bench {locks,profile,renewals,tasks,wake} [options]"
+    "usage: python -m bench {locks,profile,renewals,scale,tasks,wake} [options]"
     "   (-h after the name for options)"
 )
 
@@ -27,6 +27,10 @@ def main(argv: list[str]) -> int:
         from .renewals import main as run_renewals
 
         return run_renewals(rest)
+    if name == "scale":
+        from .scale import main as run_scale
+
+        return run_scale(rest)
     if name == "tasks":
         from .tasks import main as run_tasks
 

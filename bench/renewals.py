@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import redis
 
-from celery_redlock import Lease, Redlock
+from celery_redlock import Lease, QuorumUnavailable, Redlock
 from celery_redlock.testing import FaultProxy, RedisCluster
 from celery_redlock.watchdog import Watchdog
 
@@ -42,6 +42,9 @@ __all__ = ["SerialWatchdog", "main"]
 
 TTL = 3.0
 INTERVAL = TTL / 3
+#: Tries per lease: a set-up acquire on a loaded machine can miss node_timeout (the
+#: watchdog already renews the first leases meanwhile).
+ACQUIRE_TRIES = 5
 
 
 class SerialWatchdog(Watchdog):
@@ -61,7 +64,14 @@ def _acquire(redlock: Redlock, count: int, prefix: str, dog: Watchdog) -> list[L
     longer than a ttl)."""
     leases = []
     for i in range(count):
-        lease = redlock.acquire(f"{prefix}:{i}", ttl=TTL, blocking=False)
+        lease = None
+        for attempt in range(ACQUIRE_TRIES):
+            try:
+                lease = redlock.acquire(f"{prefix}:{i}", ttl=TTL, blocking=False)
+                break
+            except QuorumUnavailable:  # a loaded machine missed node_timeout
+                if attempt == ACQUIRE_TRIES - 1:
+                    raise
         if lease is None:
             raise RuntimeError(f"{prefix}:{i} not acquired on fresh nodes")
         dog.watch(lease, INTERVAL)

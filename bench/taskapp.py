@@ -49,19 +49,21 @@ from urllib.parse import urlsplit
 
 import redis
 from celery import Celery, Task
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import after_task_publish, worker_process_shutdown, worker_shutdown
 
 from celery_redlock import RedlockTask
 
 from .resp import RespConnection, pack
 
 __all__ = [
+    "HOT_TASKS",
     "LOCK_PREFIX",
     "TASKS",
     "TIMED_TASKS",
     "SingleNodeLockTask",
     "app",
     "hooks_key",
+    "hot_keys",
     "observer_key",
 ]
 
@@ -289,3 +291,63 @@ TIMED_TASKS = {
     "redlock_no_extend": "bench.redlock_no_extend.timed",
     "single": "bench.single.timed",
 }
+
+
+# -- the hot key (python -m bench scale) ------------------------------------------------
+
+#: Countdown cap and retry budget of the hot-key tasks: the defaults (60 s, 20 retries)
+#: would let 100 queued duplicates run out of retries; the tests' hand-off app uses these.
+HOT_BACKOFF_MAX = 4.0
+HOT_MAX_RETRIES = 10_000
+
+
+def hot_keys(tag: str) -> tuple[str, str, str]:
+    """Observer keys of hot-key batch ``tag``: runs per task id (hash), body spans
+    (list of ``"<task id> <start ns> <end ns>"``), task messages workers published."""
+    return f"hot-runs:{tag}", f"hot-spans:{tag}", f"hot-published:{tag}"
+
+
+def hot_body(task: Task, tag: str, seconds: float) -> None:
+    """Every duplicate of batch ``tag`` locks the same key; the body sleeps ``seconds``
+    and reports its span (CLOCK_MONOTONIC, one clock for every process here)."""
+    start = time.monotonic_ns()
+    time.sleep(seconds)
+    end = time.monotonic_ns()
+    runs, spans, _ = hot_keys(tag)
+    task_id = str(task.request.id)
+    _observer_conn().send(
+        pack(b"HINCRBY", runs, task_id, 1)
+        + pack(b"RPUSH", spans, f"{task_id} {start} {end}".encode())
+    )
+
+
+def _hot_task(name: str, handoff: bool) -> Any:
+    return app.task(
+        name=name,
+        shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_key="hot:{tag}",
+        redlock_handoff=handoff,
+        redlock_retry_backoff_max=HOT_BACKOFF_MAX,
+        redlock_max_retries=HOT_MAX_RETRIES,
+    )(hot_body)
+
+
+#: redlock_handoff on / off -> task name.
+HOT_TASKS = {True: "bench.hot.handoff", False: "bench.hot.retry"}
+hot_handoff = _hot_task(HOT_TASKS[True], handoff=True)
+hot_retry = _hot_task(HOT_TASKS[False], handoff=False)
+
+
+def _count_hot_published(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """A hot-key message a worker published (lock retry, hand-off wake, fallback)."""
+    if not str(sender or "").startswith("bench.hot."):
+        return
+    kwargs = body[1] if isinstance(body, (list, tuple)) and len(body) > 1 else {}
+    tag = (kwargs or {}).get("tag")
+    if tag:
+        _observer_conn().send(pack(b"INCR", hot_keys(tag)[2]))
+
+
+after_task_publish.connect(_count_hot_published, weak=False)
