@@ -147,11 +147,15 @@ class NodeConnection(asyncio.Protocol):
 
     def usable(self, now: float, owed_age: float, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether a round on ``loop`` may use this connection now (else: a fresh one)."""
+        owed_queue = self.owed
+        if owed_queue and self.transport is not None and not self.closed and self.loop is loop:
+            oldest = owed_queue[0]  # the usual case, in short
+            if not oldest.handshake and len(owed_queue) <= MAX_OWED_REPLIES:
+                return now - oldest.sent <= owed_age
         if self.closed or self.loop is not loop:
             return False
         if self.transport is None:
             return now - self.born < MAX_CONNECTING
-        owed_queue = self.owed
         if not owed_queue:
             return True
         if len(owed_queue) > MAX_OWED_REPLIES:

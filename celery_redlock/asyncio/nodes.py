@@ -72,18 +72,21 @@ class _RoundWaiter:
                 conn.send(self.command.fallback(), self)
                 return
             tally.failed(conn.index, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
-        self.heard += 1
-        if tally.decided or self.heard >= self.count:
-            wake = self.wake
-            if wake is not None and not wake.done():
-                wake.set_result(None)
+        self._heard()
 
     def failed(self, node: int, error: BaseException) -> None:
         if self.active and self.tally.awaiting(node):
             self.tally.failed(node, error)
-            self.heard += 1
+            self._heard()
+
+    def _heard(self) -> None:
+        self.heard += 1
+        if self.tally.decided or self.heard >= self.count:
+            # Decided: the replies still to come are read and dropped, as the
+            # synchronous round stops reading (they are NOT_AWAITED in its results).
+            self.active = False
             wake = self.wake
-            if (self.tally.decided or self.heard >= self.count) and wake and not wake.done():
+            if wake is not None and not wake.done():
                 wake.set_result(None)
 
 
@@ -139,12 +142,14 @@ class AsyncNodeSet:
         now: float,
         wait: bool,
         loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    ) -> bool:
         """Send ``payload`` to every node, each told to ``entry``: now when no other
         round is in flight (one task: nothing to coalesce with); otherwise at the end
         of this loop turn, with what the other tasks' rounds send meanwhile.
         ``wait``: a node that cannot be reached fails ``entry`` for it (else it is
-        skipped: nobody waits for its reply)."""
+        skipped: nobody waits for its reply). True when some node's connection is
+        still connecting: the command waits there, unwritten."""
+        held = False
         coalesce = bool(self._waiting)
         if coalesce:
             if self._flush_loop is not loop:  # a new event loop: the old one's turn is over
@@ -163,12 +168,15 @@ class AsyncNodeSet:
                 except (OSError, rexc.RedisError) as exc:
                     entry.failed(i, rexc.ConnectionError(f"{self.nodes[i].address}: {exc}"))
                     continue
+            if conn.transport is None:
+                held = True
             if not coalesce:
                 conn.send(payload, entry)
                 continue
             if not conn.outbuf:
                 self._dirty.append(conn)
             conn.queue(payload, entry)
+        return held
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -196,7 +204,7 @@ class AsyncNodeSet:
             self._owed_age = max(self._owed_age, owed_age(ask.timeout))
         waiter = _RoundWaiter(tally, ask.command, count, now)
         loop = asyncio.get_running_loop()
-        self._write_all(ask.command.payload, waiter, now, True, loop)
+        held = self._write_all(ask.command.payload, waiter, now, True, loop)
         if not tally.decided and waiter.heard < count:
             wake = waiter.wake = loop.create_future()
             waiter.deadline = loop.time() + ask.timeout
@@ -204,13 +212,13 @@ class AsyncNodeSet:
             try:
                 await wake
             except BaseException:  # cancelled: keep nothing an acquire got
-                self._stop_waiting(waiter, ask.deliver)
+                self._stop_waiting(waiter, ask.deliver or not held)
                 if ask.undo is not None:
                     self.send_only(ask.undo())
                 raise
             finally:
                 self._waiting.discard(waiter)
-        self._stop_waiting(waiter, ask.deliver)
+        self._stop_waiting(waiter, ask.deliver or not held)
         if not tally.decided:
             tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
         return tally.finish()

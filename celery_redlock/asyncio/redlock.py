@@ -105,7 +105,8 @@ class AsyncLease(Lease):
         if self._released:
             return False
         self._released = True
-        return await self._lock_of._release_lease(self)
+        lock = self._lock_of
+        return await lock._drive(lock._release_lease_steps(self))
 
     async def owned(self) -> bool:  # type: ignore[override]
         """See ``Lease.owned``."""
@@ -200,7 +201,10 @@ class AsyncRedlock(LockRules):
         ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
         more hold of its lease. ``key`` may be a list of keys taken together."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        steps = self._acquire_steps(
+            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
+        attempt: Attempt = await self._drive(steps)
         return cast(Optional[AsyncLease], attempt.outcome(key, False))
 
     async def try_acquire(
