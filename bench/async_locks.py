@@ -43,7 +43,8 @@ from .stats import Timing, summarize
 
 __all__ = ["Floor", "main", "measure", "render"]
 
-AsyncOp = Callable[[], Awaitable[bool]]  # True: won and released
+#: One acquire + release: None when won and released, else what went wrong.
+AsyncOp = Callable[[], Awaitable[Optional[str]]]
 
 
 class AsyncContender(Protocol):
@@ -64,12 +65,14 @@ class Ours:
     def op(self, key: str) -> AsyncOp:
         lock = self._lock
 
-        async def op() -> bool:
+        async def op() -> Optional[str]:
             try:
                 lease = await lock.acquire(key, blocking=False)
-                return lease is not None and await lease.release()
+                if lease is None:
+                    return "not won"
+                return None if await lease.release() else "released False"
             except QuorumUnavailable:  # a loaded machine missed node_timeout
-                return False
+                return "QuorumUnavailable"
 
         return op
 
@@ -88,11 +91,11 @@ class PotteryAIO:
     def op(self, key: str) -> AsyncOp:
         lock = pottery.AIORedlock(key=key, masters=self._clients, auto_release_time=self._ttl)
 
-        async def op() -> bool:
+        async def op() -> Optional[str]:
             if not await lock.acquire(blocking=False):
-                return False
+                return "not won"
             await lock.release()
-            return True
+            return None
 
         return op
 
@@ -115,13 +118,13 @@ class AioRedlock:
     def op(self, key: str) -> AsyncOp:
         manager = self._manager
 
-        async def op() -> bool:
+        async def op() -> Optional[str]:
             try:
                 lock = await manager.lock(key, lock_timeout=self._ttl)
             except aioredlock.LockError:
-                return False
+                return "not won"
             await manager.unlock(lock)
-            return True
+            return None
 
         return op
 
@@ -216,10 +219,10 @@ class Floor:
         set_payload = pack(b"SET", key, b"x" * 27 + b"|host:1", b"NX", b"PX", self._ttl_ms)
         del_payload = pack(b"DEL", key)
 
-        async def op() -> bool:
+        async def op() -> Optional[str]:
             await self._round(set_payload, need)
             await self._round(del_payload, need)
-            return True
+            return None
 
         return op
 
@@ -238,8 +241,9 @@ async def _loop(op: AsyncOp, iterations: int, warmup: int) -> Timing:
     started = time.perf_counter_ns()
     for _ in range(iterations):
         began = time.perf_counter_ns()
-        if not await op():
-            failures["not won"] += 1
+        failed = await op()
+        if failed is not None:
+            failures[failed] += 1
         latencies.append(time.perf_counter_ns() - began)
     return Timing(latencies, time.perf_counter_ns() - started, 1, failures)
 
@@ -365,6 +369,14 @@ def render(result: dict[str, Any], threads: int) -> list[str]:
                 f"| {ops:,.0f} | {ops / floor if floor else float('nan'):.2f} "
                 f"| {ours / ops:.2f} | {sum(row['failures'].values())} |"
             )
+    notes = [
+        f"{name}, {label}: " + ", ".join(f"{kind} x{n}" for kind, n in failures.items())
+        for label, data in _phases(result)
+        for slug, name in result["names"].items()
+        if (failures := data[slug]["failures"])
+    ]
+    if notes:
+        lines += ["", "Failed operations (counted in the latencies): " + "; ".join(notes) + "."]
     return lines
 
 
