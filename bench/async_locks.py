@@ -71,8 +71,9 @@ class Ours:
                 if lease is None:
                     return "not won"
                 return None if await lease.release() else "released False"
-            except QuorumUnavailable:  # a loaded machine missed node_timeout
-                return "QuorumUnavailable"
+            except QuorumUnavailable as exc:  # a loaded machine missed node_timeout
+                kinds = sorted({type(error).__name__ for error in exc.errors.values()})
+                return f"QuorumUnavailable ({', '.join(kinds)})"
 
         return op
 

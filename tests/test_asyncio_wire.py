@@ -12,12 +12,15 @@ nodes hold is read by plain clients (the observer).
 from __future__ import annotations
 
 import asyncio
+import select
+import time
 from typing import Callable, Optional
 
 import redis
 
+from celery_redlock import scripts
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
-from celery_redlock.resp import INCOMPLETE, parse
+from celery_redlock.resp import INCOMPLETE, Command, parse
 from celery_redlock.testing import RedisCluster
 
 KEY_TTL = 30.0
@@ -224,5 +227,39 @@ def test_a_connection_cut_mid_reply_fails_that_node_and_reconnects_later(
         finally:
             redlock.close()
             await shapers[0].stop()
+
+    asyncio.run(scenario())
+
+
+def test_replies_left_unread_through_a_stall_keep_their_connection(
+    redis_nodes: RedisCluster,
+) -> None:
+    """A stalled process (a loaded machine) resumes a task before it reads the
+    replies that came meanwhile: their connections are not taken for hung."""
+    offset = [0.0]
+
+    def clock() -> float:
+        return time.monotonic() + offset[0]
+
+    async def scenario() -> None:
+        redlock = AsyncRedlock(
+            redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, clock=clock
+        )
+        try:
+            assert await redlock.locked("warm") is False
+            conns = list(redlock._nodes._conns)
+            # Owed by every connection, nobody waits for it; not read before we yield.
+            redlock._nodes.send_only(Command(scripts.HOLDER, ["stall"], []))
+            for conn in conns:
+                assert conn is not None and conn.transport is not None
+                sock = conn.transport.get_extra_info("socket")
+                readable, _, _ = select.select([sock.fileno()], [], [], 10.0)
+                assert readable, "the node's reply is in the socket"
+            offset[0] += 600.0  # the stall: every owed reply looks ten minutes old
+            assert await redlock.locked("stall") is False
+            assert redlock._nodes._conns == conns  # none reopened
+            assert all(conn is not None and not conn.owed for conn in conns)
+        finally:
+            redlock.close()
 
     asyncio.run(scenario())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import ssl
 from collections import deque
 from typing import Any, Final, Optional, Protocol
@@ -151,7 +152,7 @@ class NodeConnection(asyncio.Protocol):
         if owed_queue and self.transport is not None and not self.closed and self.loop is loop:
             oldest = owed_queue[0]  # the usual case, in short
             if not oldest.handshake and len(owed_queue) <= MAX_OWED_REPLIES:
-                return now - oldest.sent <= owed_age
+                return now - oldest.sent <= owed_age or self._unread()
         if self.closed or self.loop is not loop:
             return False
         if self.transport is None:
@@ -161,9 +162,21 @@ class NodeConnection(asyncio.Protocol):
         if len(owed_queue) > MAX_OWED_REPLIES:
             return False
         for owed in owed_queue:
-            if not owed.handshake:
-                return now - owed.sent <= owed_age  # that reply is not coming: start afresh
+            if not owed.handshake:  # that reply is not coming: start afresh
+                return now - owed.sent <= owed_age or self._unread()
         return True
+
+    def _unread(self) -> bool:
+        """Whether bytes wait in the socket, not yet handed to ``data_received``: a
+        node that answered while this process was stalled (a loaded machine), not a
+        hung one. A round resumed by an earlier turn runs before this turn's reads."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+            return bool(readable)
+        return False
 
     def send(self, payload: bytes, entry: Waiter) -> None:
         """Write one command now, behind any queued (queued until connected);

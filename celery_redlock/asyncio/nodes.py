@@ -72,22 +72,24 @@ class _RoundWaiter:
                 conn.send(self.command.fallback(), self)
                 return
             tally.failed(conn.index, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
-        self._heard()
+        self.heard += 1
+        if tally.decided or self.heard >= self.count:
+            self._done()
 
     def failed(self, node: int, error: BaseException) -> None:
         if self.active and self.tally.awaiting(node):
             self.tally.failed(node, error)
-            self._heard()
+            self.heard += 1
+            if self.tally.decided or self.heard >= self.count:
+                self._done()
 
-    def _heard(self) -> None:
-        self.heard += 1
-        if self.tally.decided or self.heard >= self.count:
-            # Decided: the replies still to come are read and dropped, as the
-            # synchronous round stops reading (they are NOT_AWAITED in its results).
-            self.active = False
-            wake = self.wake
-            if wake is not None and not wake.done():
-                wake.set_result(None)
+    def _done(self) -> None:
+        """Decided, or every node heard: the replies still to come are read and
+        dropped, as the synchronous round stops reading (NOT_AWAITED in its results)."""
+        self.active = False
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
 
 class AsyncNodeSet:
@@ -212,13 +214,13 @@ class AsyncNodeSet:
             try:
                 await wake
             except BaseException:  # cancelled: keep nothing an acquire got
-                self._stop_waiting(waiter, ask.deliver or not held)
+                self._stop_waiting(waiter, ask.deliver, held)
                 if ask.undo is not None:
                     self.send_only(ask.undo())
                 raise
             finally:
                 self._waiting.discard(waiter)
-        self._stop_waiting(waiter, ask.deliver or not held)
+        self._stop_waiting(waiter, ask.deliver, held)
         if not tally.decided:
             tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
         return tally.finish()
@@ -257,11 +259,11 @@ class AsyncNodeSet:
             self._waiting.discard(later)
             self._wait(later, loop)
 
-    def _stop_waiting(self, waiter: _RoundWaiter, deliver: bool) -> None:
+    def _stop_waiting(self, waiter: _RoundWaiter, deliver: bool, held: bool) -> None:
         """``waiter``'s replies are dropped from now on; not ``deliver``: its commands
-        still unwritten (a connection still connecting) are never sent."""
+        still unwritten (``held``: a connection was still connecting) are never sent."""
         waiter.active = False
-        if not deliver:
+        if held and not deliver:
             for conn in self._conns:
                 if conn is not None and conn.unsent:
                     conn.take_back(waiter)
