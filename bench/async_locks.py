@@ -278,14 +278,19 @@ async def _measure(
         log(f"  asyncio, one task: round {number + 1}/{plan.rounds} done")
     many: dict[str, dict[str, Any]] = {}
     for tasks in task_counts:
-        phase = many[str(tasks)] = {}
-        for c in contenders:
-            count = plan.thread_iterations if c.slug in fast else plan.pottery_thread_iterations
-            task_ops = [c.op(key("async-tasks", c.slug, tasks, i)) for i in range(tasks)]
-            # the same number of operations in all, whatever the number of tasks
-            per_task = max(1, count * plan.threads // tasks)
-            phase[c.slug] = summarize(await _tasks(task_ops, per_task)).as_dict()
-            log(f"  asyncio, {tasks} tasks: {c.name} done")
+        ops_of = {
+            c.slug: [c.op(key("async-tasks", c.slug, tasks, i)) for i in range(tasks)]
+            for c in contenders
+        }
+        timings = {c.slug: Timing([], 0, tasks) for c in contenders}
+        for number in range(plan.rounds):  # interleaved too
+            for c in contenders:
+                count = plan.thread_iterations if c.slug in fast else plan.pottery_thread_iterations
+                # the same number of operations in all, whatever the number of tasks
+                per_task = max(1, count * plan.threads // tasks // plan.rounds)
+                timings[c.slug].extend(await _tasks(ops_of[c.slug], per_task))
+            log(f"  asyncio, {tasks} tasks: round {number + 1}/{plan.rounds} done")
+        many[str(tasks)] = {slug: summarize(t).as_dict() for slug, t in timings.items()}
     return {
         "names": {c.slug: c.name for c in contenders},
         "single": {slug: summarize(t).as_dict() for slug, t in single.items()},

@@ -172,12 +172,14 @@ class AsyncNodeSet:
                     continue
             if conn.transport is None:
                 held = True
-            if not coalesce:
+                conn.queue(payload, entry)  # written once connected
+            elif not coalesce:
                 conn.send(payload, entry)
-                continue
-            if not conn.outbuf:
-                self._dirty.append(conn)
-            conn.queue(payload, entry)
+            else:  # ``conn.queue``, inline: the hot path of many tasks
+                if not conn.outbuf:
+                    self._dirty.append(conn)
+                conn.owed.append(entry)
+                conn.outbuf.append(payload)
         return held
 
     def _flush(self) -> None:
