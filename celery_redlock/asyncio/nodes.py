@@ -10,8 +10,11 @@ node costs at most the round's deadline and usually nothing.
 Cheap per round, since a lock operation is one or two of them: one write per node
 (when other tasks' rounds are in flight, everything sent to a node in one loop turn
 goes out in one write, and its replies come back together), no task per node, one
-future per round, and one timer for every round in flight (re-armed for the
-earliest deadline) instead of one per round.
+future per round, one entry per round in each node's queue of owed replies (the
+round's ``_RoundWaiter`` itself, told each reply straight from ``data_received``),
+and one timer for every round in flight (re-armed for the earliest deadline)
+instead of one per round. Once decided, the round drops the replies still to come
+(one flag, not a walk over its nodes).
 
 A round abandoned half-way -- its task cancelled -- stops waiting at once; its
 ``Ask.undo`` (an acquire's release) goes to every node without waiting, behind the
