@@ -9,6 +9,7 @@ Run from the repository root (the bench starts and stops its own servers)::
     python -m bench renewals         # watchdog CPU vs leases held, leases lost far away
     python -m bench scale            # scale tables and figure (nodes, threads, leases, hot key)
     python -m bench wake             # a blocked acquire woken by the release, vs peers
+    python -m bench async            # AsyncRedlock vs pottery's AIORedlock, aioredlock, a floor
 
 Layout: ``resp`` (a bare RESP socket: the physical floor and the bench's own control
 connection), ``stats`` (timed loops and percentiles), ``contenders`` (one adapter per

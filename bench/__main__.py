@@ -1,11 +1,11 @@
-"""``python -m bench {locks,profile,renewals,scale,tasks,wake} [options]``: bench/__init__.py."""
+"""``python -m bench NAME [options]``: the names and what they measure are in bench/__init__.py."""
 
 from __future__ import annotations
 
 import sys
 
 USAGE = (
-    "usage: python -m bench {locks,profile,renewals,scale,tasks,wake} [options]"
+    "usage: python -m bench {locks,async,profile,renewals,scale,tasks,wake} [options]"
     "   (-h after the name for options)"
 )
 
@@ -19,6 +19,10 @@ def main(argv: list[str]) -> int:
         from .locks import main as run_locks
 
         return run_locks(rest)
+    if name == "async":
+        from .async_locks import main as run_async
+
+        return run_async(rest)
     if name == "profile":
         from .profile import main as run_profile
 

@@ -1,26 +1,33 @@
 """One asyncio connection to one Redis node, and the replies it owes, in order.
 
-The asyncio twin of connection.py, on an ``asyncio.Protocol`` (no reader task: the
-loop hands us bytes as they come). A node's connection is shared by every round of
-the event loop: commands are written as they are sent and replies come back in the
-same order, so each reply owed is an ``Owed`` entry in a queue saying who waits for
-it -- a round (``Owed.waiter``, told ``replied(i, reply)``), nobody any more (a
-*stale* reply: read and dropped; a stale NOSCRIPT is sent again as EVAL, since a
-release must still happen), or the handshake. The handshake (AUTH, SELECT, CLIENT
-SETNAME, SCRIPT LOAD: node.py's ``Node.handshake``, the same bytes as the
-synchronous driver's) is written in front of the first command in one write, so
-it costs the round no extra round trip; an AUTH or SELECT error fails the
-connection.
+The asyncio twin of connection.py, on an ``asyncio.Protocol``: no reader task, no
+StreamReader; the loop hands ``data_received`` the bytes as they come, and each
+whole reply in them goes straight to whoever waits for it. A node's connection is
+shared by every round of the event loop: commands are written as they are sent and
+replies come back in the same order, so the connection keeps a queue of what it
+owes, one entry per command, and each entry is told its reply (``replied``) or
+that the connection failed (``failed``):
 
-A connection that failed, or whose oldest owed reply is older than the owed age (a
-hung node), is not reused: nodes.py opens a fresh one on a later round. Must not
-import redlock.py or Celery.
+- a round (nodes.py's ``_RoundWaiter``, one object for all its nodes: no object
+  per command). Once the round stopped waiting, its replies are read and dropped;
+  a dropped NOSCRIPT is sent again as EVAL (``Unwaited``), since a release must
+  still happen;
+- the handshake (AUTH, SELECT, CLIENT SETNAME, SCRIPT LOAD: node.py's
+  ``Node.handshake``, the same bytes as the synchronous driver's), written in front
+  of the first command in one write, so it costs the round no extra round trip; an
+  AUTH or SELECT error fails the connection.
+
+A reply split over several reads waits in ``inbuf`` until whole; several replies in
+one read are handed out in order. A connection that failed, or whose oldest owed
+reply is older than the owed age (a hung node), is not reused: nodes.py opens a
+fresh one on a later round. Must not import redlock.py or Celery.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import ssl
 from collections import deque
 from typing import Any, Final, Optional, Protocol
@@ -31,56 +38,88 @@ from ..connection import _SETUP, MAX_CONNECTING, MAX_OWED_REPLIES
 from ..node import Node
 from ..resp import INCOMPLETE, Command, parse
 
-__all__ = ["NodeConnection", "Owed", "Waiter"]
+__all__ = ["NodeConnection", "Unwaited", "Waiter"]
 
-_RESULT: Final = -1  # a command's reply (the handshake's tags are connection.py's)
+#: Whole reads that are one common reply, parsed once here (the hot path: a lock
+#: round's reply is a small integer).
+_SMALL_REPLIES: Final[dict[bytes, object]] = {
+    b":1\r\n": 1,
+    b":0\r\n": 0,
+    b":-1\r\n": -1,
+    b":-2\r\n": -2,
+    b"+OK\r\n": b"OK",
+}
 
 
 class Waiter(Protocol):
-    """A round waiting for node ``i``'s reply (nodes.py's ``_RoundWaiter``)."""
+    """An entry of a connection's queue: told the reply to its command, or that the
+    connection failed first. ``sent``: when the command was written (the owed age)."""
 
-    def replied(self, node: int, reply: object) -> None: ...
+    handshake: bool
+    sent: float
+
+    def replied(self, conn: NodeConnection, reply: object) -> None: ...
     def failed(self, node: int, error: BaseException) -> None: ...
 
 
-class Owed:
-    """One reply a connection owes: to whom, for which command, sent when."""
+class Unwaited:
+    """A command nobody waits for (a stale NOSCRIPT's EVAL, an undo, a release that
+    must land): its reply is read and dropped; a NOSCRIPT is sent again as EVAL."""
 
-    __slots__ = ("command", "node", "payload", "sent", "tag", "waiter")
+    __slots__ = ("command", "sent")
 
-    def __init__(
-        self,
-        tag: int,
-        command: Optional[Command],
-        waiter: Optional[Waiter],
-        node: int,
-        sent: float,
-        payload: Optional[bytes] = None,
-    ) -> None:
-        self.tag = tag
+    handshake = False
+
+    def __init__(self, command: Command, sent: float) -> None:
         self.command = command
-        self.waiter = waiter  # None: stale, nobody waits for it any more
-        self.node = node
         self.sent = sent
-        self.payload = payload  # kept until written (while connecting)
+
+    def replied(self, conn: NodeConnection, reply: object) -> None:
+        if isinstance(reply, rexc.NoScriptError):
+            conn.send(self.command.fallback(), self)
+
+    def failed(self, node: int, error: BaseException) -> None:
+        pass
+
+
+class _HandshakeReply:
+    """One reply of the handshake; an error to AUTH or SELECT fails the connection."""
+
+    __slots__ = ("sent", "tag")
+
+    handshake = True
+
+    def __init__(self, tag: int, sent: float) -> None:
+        self.tag = tag
+        self.sent = sent
+
+    def replied(self, conn: NodeConnection, reply: object) -> None:
+        if self.tag == _SETUP and isinstance(reply, rexc.RedisError):
+            conn.fail(type(reply)(f"{conn.node.address}: {reply}"))
+
+    def failed(self, node: int, error: BaseException) -> None:
+        pass
 
 
 class NodeConnection(asyncio.Protocol):
-    """An asyncio connection to one node and the replies it still owes."""
+    """An asyncio connection to node ``index`` and the replies it still owes."""
 
-    def __init__(self, node: Node, now: float) -> None:
+    def __init__(self, node: Node, index: int, now: float) -> None:
         self.node = node
+        self.index = index
         self.loop = asyncio.get_running_loop()
         self.born = now
         self.transport: Optional[asyncio.Transport] = None
         self.closed = False
-        self.owed: deque[Owed] = deque()
+        self.owed: deque[Waiter] = deque()
         self.inbuf = bytearray()
-        self.outbuf: list[bytes] = []  # queued, not yet written (see ``queue``)
+        self.outbuf: list[bytes] = []  # queued (``queue``), or written once connected
         greeting, tags = node.handshake
-        self._greeting: Optional[bytes] = greeting
-        for tag in tags:
-            self.owed.append(Owed(tag, None, None, -1, now))
+        self.outbuf.append(greeting)
+        self.owed.extend(_HandshakeReply(tag, now) for tag in tags)
+        #: While connecting: what each queued command's entry is, so that a round
+        #: abandoned before its command left can take it back (``take_back``).
+        self.unsent: Optional[list[tuple[Waiter, bytes]]] = []
         self._connecting: Optional[asyncio.Task[None]] = self.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
@@ -98,9 +137,9 @@ class NodeConnection(asyncio.Protocol):
                     server_hostname=(node.server_hostname or node.host) if tls else None,
                 )
         except (OSError, ssl.SSLError, asyncio.TimeoutError) as exc:
-            self._fail(rexc.ConnectionError(f"{node.address}: {exc}"))
+            self.fail(rexc.ConnectionError(f"{node.address}: {exc}"))
         except asyncio.CancelledError:
-            self._fail(rexc.ConnectionError(f"{node.address}: connection closed"))
+            self.fail(rexc.ConnectionError(f"{node.address}: connection closed"))
             raise
         finally:
             self._connecting = None
@@ -109,49 +148,61 @@ class NodeConnection(asyncio.Protocol):
 
     def usable(self, now: float, owed_age: float, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether a round on ``loop`` may use this connection now (else: a fresh one)."""
+        owed_queue = self.owed
+        if owed_queue and self.transport is not None and not self.closed and self.loop is loop:
+            oldest = owed_queue[0]  # the usual case, in short
+            if not oldest.handshake and len(owed_queue) <= MAX_OWED_REPLIES:
+                return now - oldest.sent <= owed_age or self._unread()
         if self.closed or self.loop is not loop:
             return False
         if self.transport is None:
             return now - self.born < MAX_CONNECTING
-        owed_queue = self.owed
         if not owed_queue:
             return True
         if len(owed_queue) > MAX_OWED_REPLIES:
             return False
         for owed in owed_queue:
-            if owed.tag == _RESULT:
-                return now - owed.sent <= owed_age  # that reply is not coming: start afresh
+            if not owed.handshake:  # that reply is not coming: start afresh
+                return now - owed.sent <= owed_age or self._unread()
         return True
 
-    def send(
-        self, command: Command, payload: bytes, waiter: Optional[Waiter], node: int, now: float
-    ) -> Owed:
+    def _unread(self) -> bool:
+        """Whether bytes wait in the socket, not yet handed to ``data_received``: a
+        node that answered while this process was stalled (a loaded machine), not a
+        hung one. A round resumed by an earlier turn runs before this turn's reads."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+            return bool(readable)
+        return False
+
+    def send(self, payload: bytes, entry: Waiter) -> None:
         """Write one command now, behind any queued (queued until connected);
-        ``waiter`` is told its reply."""
-        owed = Owed(_RESULT, command, waiter, node, now)
-        self.owed.append(owed)
-        transport = self.transport
-        if transport is None:
-            owed.payload = payload
+        ``entry`` is told its reply."""
+        self.owed.append(entry)
+        if self.transport is None:
+            self._hold(payload, entry)
         elif self.outbuf:
             self.outbuf.append(payload)
             self.flush()
         else:
-            transport.write(payload)
-        return owed
+            self.transport.write(payload)
 
-    def queue(
-        self, command: Command, payload: bytes, waiter: Optional[Waiter], node: int, now: float
-    ) -> Owed:
+    def queue(self, payload: bytes, entry: Waiter) -> None:
         """As ``send``, but written by the next ``flush``: the rounds of every task
         that sends in one turn of the event loop go out in one write per node."""
-        owed = Owed(_RESULT, command, waiter, node, now)
-        self.owed.append(owed)
-        if self.transport is not None:
-            self.outbuf.append(payload)
+        self.owed.append(entry)
+        if self.transport is None:
+            self._hold(payload, entry)
         else:
-            owed.payload = payload
-        return owed
+            self.outbuf.append(payload)
+
+    def _hold(self, payload: bytes, entry: Waiter) -> None:
+        self.outbuf.append(payload)
+        if self.unsent is not None:
+            self.unsent.append((entry, payload))
 
     def flush(self) -> None:
         """Write what ``queue`` left, in one write."""
@@ -160,17 +211,22 @@ class NodeConnection(asyncio.Protocol):
             self.outbuf = []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
-    def abandon(self, owed: Owed, deliver: bool) -> None:
-        """The round stopped waiting for ``owed``. Still unwritten (connecting) and
-        not ``deliver``: it is never sent (an acquire's SET must not land later);
-        otherwise its reply is read and dropped when it comes."""
-        owed.waiter = None
-        if owed.payload is not None and not deliver:
-            with contextlib.suppress(ValueError):
-                self.owed.remove(owed)
+    def take_back(self, entry: Waiter) -> None:
+        """``entry``'s round stopped waiting and wants its unwritten commands (still
+        connecting) never sent: an acquire's SET must not land later."""
+        unsent = self.unsent
+        if self.transport is not None or not unsent:
+            return
+        for held, payload in list(unsent):
+            if held is entry:
+                unsent.remove((held, payload))
+                with contextlib.suppress(ValueError):
+                    self.outbuf.remove(payload)
+                with contextlib.suppress(ValueError):
+                    self.owed.remove(entry)
 
     def close(self) -> None:
-        self._fail(rexc.ConnectionError(f"{self.node.address}: connection closed"))
+        self.fail(rexc.ConnectionError(f"{self.node.address}: connection closed"))
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -180,50 +236,53 @@ class NodeConnection(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
-        parts = [self._greeting or b""]
-        self._greeting = None
-        for owed in self.owed:
-            if owed.payload is not None:
-                parts.append(owed.payload)
-                owed.payload = None
-        transport.write(b"".join(parts))
+        self.unsent = None
+        self.flush()  # the handshake, then what was sent while connecting
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         detail = exc or "connection closed by server"
-        self._fail(rexc.ConnectionError(f"{self.node.address}: {detail}"))
+        self.fail(rexc.ConnectionError(f"{self.node.address}: {detail}"))
 
     def data_received(self, data: bytes) -> None:
-        buf = self.inbuf
-        buf += data
-        pos = 0
         owed_queue = self.owed
-        while pos < len(buf) and owed_queue:
-            reply, pos = parse(buf, pos)
-            if reply is INCOMPLETE:
-                break
-            owed = owed_queue.popleft()
-            if owed.tag == _RESULT:
-                if owed.waiter is not None:
-                    owed.waiter.replied(owed.node, reply)
-                elif isinstance(reply, rexc.NoScriptError) and owed.command is not None:
-                    # Nobody waits for it, but it must still happen: again as EVAL.
-                    self.send(owed.command, owed.command.fallback(), None, owed.node, owed.sent)
-            elif owed.tag == _SETUP and isinstance(reply, rexc.RedisError):
-                del buf[:pos]
-                self._fail(type(reply)(f"{self.node.address}: {reply}"))
+        buf = self.inbuf
+        if not buf:
+            small = _SMALL_REPLIES.get(data, INCOMPLETE)
+            if small is not INCOMPLETE and owed_queue:
+                owed_queue.popleft().replied(self, small)
                 return
-        del buf[:pos]
+            buf = data  # type: ignore[assignment]  # read in place: no copy
+        else:
+            buf += data
+        pos = 0
+        end = len(buf)
+        while pos < end and owed_queue:
+            if buf.startswith(b":1\r\n", pos):  # a round's usual reply, in a batch
+                reply: object = 1
+                pos += 4
+            else:
+                reply, after = parse(buf, pos)
+                if reply is INCOMPLETE:
+                    break
+                pos = after
+            owed_queue.popleft().replied(self, reply)
+            if self.closed:
+                return
+        if buf is self.inbuf:
+            del buf[:pos]
+        elif pos < end:
+            self.inbuf = bytearray(data[pos:])
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
         """The connection is unusable: every waiting round hears ``error`` for it."""
         if self.closed:
             return
         self.closed = True
         self.outbuf = []
+        self.unsent = None
         owed, self.owed = self.owed, deque()
         for entry in owed:
-            if entry.waiter is not None:
-                entry.waiter.failed(entry.node, error)
+            entry.failed(self.index, error)
         with contextlib.suppress(RuntimeError):  # its event loop closed meanwhile
             if self.transport is not None:
                 self.transport.abort()

@@ -10,8 +10,11 @@ node costs at most the round's deadline and usually nothing.
 Cheap per round, since a lock operation is one or two of them: one write per node
 (when other tasks' rounds are in flight, everything sent to a node in one loop turn
 goes out in one write, and its replies come back together), no task per node, one
-future per round, and one timer for every round in flight (re-armed for the
-earliest deadline) instead of one per round.
+future per round, one entry per round in each node's queue of owed replies (the
+round's ``_RoundWaiter`` itself, told each reply straight from ``data_received``),
+and one timer for every round in flight (re-armed for the earliest deadline)
+instead of one per round. Once decided, the round drops the replies still to come
+(one flag, not a walk over its nodes).
 
 A round abandoned half-way -- its task cancelled -- stops waiting at once; its
 ``Ask.undo`` (an acquire's release) goes to every node without waiting, behind the
@@ -38,46 +41,57 @@ from ..nodes import NodeSet
 from ..quorum import Ask
 from ..resp import Command
 from ..round import Round
-from .connection import NodeConnection, Owed
+from .connection import NodeConnection, Unwaited, Waiter
 
 __all__ = ["AsyncNodeSet"]
 
 
 class _RoundWaiter:
-    """One round in flight: the tally, fed by the connections' replies."""
+    """One round in flight: the tally, fed by the connections' replies. One object
+    for every node of the round: it sits in each node's queue of owed replies."""
 
-    __slots__ = ("command", "conns", "deadline", "entries", "heard", "sent", "tally", "wake")
+    __slots__ = ("active", "command", "count", "deadline", "heard", "sent", "tally", "wake")
+
+    handshake = False
 
     def __init__(self, tally: Round, command: Command, count: int, sent: float) -> None:
         self.tally = tally
         self.command = command
+        self.count = count
         self.sent = sent
         self.wake: Optional[asyncio.Future[None]] = None
         self.deadline = 0.0  # on the event loop's clock
-        self.conns: list[Optional[NodeConnection]] = [None] * count
-        self.entries: list[Optional[Owed]] = [None] * count
         self.heard = 0
+        self.active = True  # False once the round stopped waiting: replies dropped
 
-    def replied(self, node: int, reply: object) -> None:
+    def replied(self, conn: NodeConnection, reply: object) -> None:
+        if not self.active:  # read and dropped; a NOSCRIPT still has to happen
+            if isinstance(reply, rexc.NoScriptError):
+                conn.send(self.command.fallback(), Unwaited(self.command, self.sent))
+            return
         tally = self.tally
-        if tally.replied(node, reply):  # NOSCRIPT: again as EVAL, still awaited
-            conn = self.conns[node]
-            if conn is not None and not conn.closed:
-                command = self.command
-                self.entries[node] = conn.send(command, command.fallback(), self, node, self.sent)
+        if tally.replied(conn.index, reply):  # NOSCRIPT: again as EVAL, still awaited
+            if not conn.closed:
+                conn.send(self.command.fallback(), self)
                 return
-            tally.failed(node, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
-        self._heard()
+            tally.failed(conn.index, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
+        self.heard += 1
+        if tally.decided or self.heard >= self.count:
+            self._done()
 
     def failed(self, node: int, error: BaseException) -> None:
-        if self.tally.awaiting(node):
+        if self.active and self.tally.awaiting(node):
             self.tally.failed(node, error)
-            self._heard()
+            self.heard += 1
+            if self.tally.decided or self.heard >= self.count:
+                self._done()
 
-    def _heard(self) -> None:
-        self.heard += 1
+    def _done(self) -> None:
+        """Decided, or every node heard: the replies still to come are read and
+        dropped, as the synchronous round stops reading (NOT_AWAITED in its results)."""
+        self.active = False
         wake = self.wake
-        if (self.tally.decided or self.heard >= len(self.conns)) and wake and not wake.done():
+        if wake is not None and not wake.done():
             wake.set_result(None)
 
 
@@ -123,31 +137,53 @@ class AsyncNodeSet:
         if conn is None or not conn.usable(now, self._owed_age, loop):
             if conn is not None:
                 conn.close()
-            conn = self._conns[i] = NodeConnection(self.nodes[i], now)
+            conn = self._conns[i] = NodeConnection(self.nodes[i], i, now)
         return conn
 
-    def _queue(
+    def _write_all(
         self,
-        conn: NodeConnection,
-        command: Command,
-        waiter: Optional[_RoundWaiter],
-        i: int,
+        payload: bytes,
+        entry: Waiter,
         now: float,
+        wait: bool,
         loop: asyncio.AbstractEventLoop,
-    ) -> Owed:
-        """Send ``command`` on ``conn``: now when no other round is in flight (one
-        task: nothing to coalesce with); otherwise at the end of this loop turn,
-        with what the other tasks' rounds send to the node meanwhile."""
-        if not self._waiting:
-            return conn.send(command, command.payload, waiter, i, now)
-        if self._flush_loop is not loop:  # a new event loop: the old one's turn is over
-            self._dirty, self._flush_loop, self._flush_due = [], loop, False
-        if not self._flush_due:
-            loop.call_soon(self._flush)
-            self._flush_due = True
-        if not conn.outbuf:
-            self._dirty.append(conn)
-        return conn.queue(command, command.payload, waiter, i, now)
+    ) -> bool:
+        """Send ``payload`` to every node, each told to ``entry``: now when no other
+        round is in flight (one task: nothing to coalesce with); otherwise at the end
+        of this loop turn, with what the other tasks' rounds send meanwhile.
+        ``wait``: a node that cannot be reached fails ``entry`` for it (else it is
+        skipped: nobody waits for its reply). True when some node's connection is
+        still connecting: the command waits there, unwritten."""
+        held = False
+        coalesce = bool(self._waiting)
+        if coalesce:
+            if self._flush_loop is not loop:  # a new event loop: the old one's turn is over
+                self._dirty, self._flush_loop, self._flush_due = [], loop, False
+            if not self._flush_due:
+                loop.call_soon(self._flush)
+                self._flush_due = True
+        conns = self._conns
+        for i in range(len(conns)):
+            conn = conns[i]
+            if conn is None or not conn.usable(now, self._owed_age, loop):
+                if not wait:
+                    continue
+                try:
+                    conn = self._checkout(i, now, loop)
+                except (OSError, rexc.RedisError) as exc:
+                    entry.failed(i, rexc.ConnectionError(f"{self.nodes[i].address}: {exc}"))
+                    continue
+            if conn.transport is None:
+                held = True
+                conn.queue(payload, entry)  # written once connected
+            elif not coalesce:
+                conn.send(payload, entry)
+            else:  # ``conn.queue``, inline: the hot path of many tasks
+                if not conn.outbuf:
+                    self._dirty.append(conn)
+                conn.owed.append(entry)
+                conn.outbuf.append(payload)
+        return held
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -156,52 +192,40 @@ class AsyncNodeSet:
             conn.flush()
 
     def send_only(self, command: Command) -> None:
-        """Queue ``command`` to every live connection and wait for nobody (a failed
+        """Send ``command`` to every live connection and wait for nobody (a failed
         or cancelled acquire's release: behind the SET it undoes, in order)."""
         now = self._clock()
         loop = asyncio.get_running_loop()
-        for i, conn in enumerate(self._conns):
-            if conn is not None and conn.usable(now, self._owed_age, loop):
-                self._queue(conn, command, None, i, now, loop)
+        self._write_all(command.payload, Unwaited(command, now), now, False, loop)
 
     async def round(self, ask: Ask) -> list[object]:
         """One round (see ``nodes.NodeSet.round`` for what ``ask`` means)."""
-        tally = Round(len(self.nodes), ask.is_yes, ask.enough_yes, ask.enough_no)
+        count = len(self.nodes)
+        tally = Round(count, ask.is_yes, ask.enough_yes, ask.enough_no)
         if not ask.wait:
             self.send_only(ask.command)
             return tally.finish()
-        loop = asyncio.get_running_loop()
         now = self._clock()
         if ask.timeout > self._timeout_seen:
             self._timeout_seen = ask.timeout
             self._owed_age = max(self._owed_age, owed_age(ask.timeout))
-        command = ask.command
-        count = len(self.nodes)
-        waiter = _RoundWaiter(tally, command, count, now)
-        conns = waiter.conns
-        entries = waiter.entries
-        for i in range(count):
-            try:
-                conn = self._checkout(i, now, loop)
-            except (OSError, rexc.RedisError) as exc:
-                waiter.failed(i, rexc.ConnectionError(f"{self.nodes[i].address}: {exc}"))
-                continue
-            conns[i] = conn
-            entries[i] = self._queue(conn, command, waiter, i, now, loop)
+        waiter = _RoundWaiter(tally, ask.command, count, now)
+        loop = asyncio.get_running_loop()
+        held = self._write_all(ask.command.payload, waiter, now, True, loop)
         if not tally.decided and waiter.heard < count:
-            waiter.wake = loop.create_future()
+            wake = waiter.wake = loop.create_future()
             waiter.deadline = loop.time() + ask.timeout
             self._wait(waiter, loop)
             try:
-                await waiter.wake
+                await wake
             except BaseException:  # cancelled: keep nothing an acquire got
-                self._stop_waiting(waiter, ask.deliver)
+                self._stop_waiting(waiter, ask.deliver, held)
                 if ask.undo is not None:
                     self.send_only(ask.undo())
                 raise
             finally:
                 self._waiting.discard(waiter)
-        self._stop_waiting(waiter, ask.deliver)
+        self._stop_waiting(waiter, ask.deliver, held)
         if not tally.decided:
             tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
         return tally.finish()
@@ -240,7 +264,11 @@ class AsyncNodeSet:
             self._waiting.discard(later)
             self._wait(later, loop)
 
-    def _stop_waiting(self, waiter: _RoundWaiter, deliver: bool) -> None:
-        for conn, owed in zip(waiter.conns, waiter.entries):
-            if conn is not None and owed is not None and owed.waiter is waiter:
-                conn.abandon(owed, deliver)
+    def _stop_waiting(self, waiter: _RoundWaiter, deliver: bool, held: bool) -> None:
+        """``waiter``'s replies are dropped from now on; not ``deliver``: its commands
+        still unwritten (``held``: a connection was still connecting) are never sent."""
+        waiter.active = False
+        if held and not deliver:
+            for conn in self._conns:
+                if conn is not None and conn.unsent:
+                    conn.take_back(waiter)

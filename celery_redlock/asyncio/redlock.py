@@ -29,7 +29,6 @@ import contextlib
 import itertools
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
@@ -51,7 +50,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_task_names: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+#: Live tasks' execution names, by ``id(task)``, with the task itself (so its id is
+#: not reused while listed); dropped when the task is done. A plain dict: a weak one
+#: builds a weak reference per lookup, and this is looked up on every acquire.
+_task_names: dict[int, tuple[asyncio.Task[Any], str]] = {}
 _task_serials = itertools.count(1)
 
 
@@ -61,10 +63,15 @@ def current_task_execution() -> str:
     task = asyncio.current_task()
     if task is None:
         return "no asyncio task"
-    name = _task_names.get(task)
-    if name is None:
-        name = _task_names[task] = f"asyncio task {next(_task_serials)}"
-    return name
+    entry = _task_names.get(id(task))
+    if entry is None:
+        entry = _task_names[id(task)] = (task, f"asyncio task {next(_task_serials)}")
+        task.add_done_callback(_forget_task)
+    return entry[1]
+
+
+def _forget_task(task: asyncio.Task[Any]) -> None:
+    _task_names.pop(id(task), None)
 
 
 class AsyncLease(Lease):
@@ -105,7 +112,8 @@ class AsyncLease(Lease):
         if self._released:
             return False
         self._released = True
-        return await self._lock_of._release_lease(self)
+        lock = self._lock_of
+        return await lock._drive(lock._release_lease_steps(self))
 
     async def owned(self) -> bool:  # type: ignore[override]
         """See ``Lease.owned``."""
@@ -200,7 +208,10 @@ class AsyncRedlock(LockRules):
         ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
         more hold of its lease. ``key`` may be a list of keys taken together."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        steps = self._acquire_steps(
+            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
+        )
+        attempt: Attempt = await self._drive(steps)
         return cast(Optional[AsyncLease], attempt.outcome(key, False))
 
     async def try_acquire(

@@ -1,0 +1,265 @@
+"""``AsyncRedlock``'s connections against real redis-server processes when replies
+do not come one per read: a reply split across reads, several tasks' replies in one
+read, a connection dropped in the middle of a reply.
+
+Each node sits behind a ``Shaper``: a proxy on the test's own event loop that passes
+what the client sends at once and hands the server's replies on as the test says.
+It waits for events, not for time: "the client has read half a reply" is seen on the
+client's connection (its unparsed bytes), since both run on one loop. What the
+nodes hold is read by plain clients (the observer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import time
+from typing import Callable, Optional
+
+import redis
+
+from celery_redlock import scripts
+from celery_redlock.asyncio import AsyncLease, AsyncRedlock
+from celery_redlock.resp import INCOMPLETE, Command, parse
+from celery_redlock.testing import RedisCluster
+
+KEY_TTL = 30.0
+NODE_TIMEOUT = 5.0
+
+
+def _replies(data: bytes) -> int:
+    """How many whole replies ``data`` holds."""
+    count, pos = 0, 0
+    while pos < len(data):
+        reply, pos = parse(data, pos)
+        if reply is INCOMPLETE:
+            break
+        count += 1
+    return count
+
+
+class Shaper:
+    """A proxy in front of one node; ``mode`` says how replies reach the client:
+    ``"pass"`` as they come; ``"split"`` each read in two writes, the second once
+    the client holds the first half unparsed; ``"batch"`` kept until ``batch`` whole
+    replies are there, then in one write; ``"drop"`` half of the next read, then the
+    connection is cut."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.mode = "pass"
+        self.batch = 1
+        #: Whether the client holds part of a reply unparsed (set by the test).
+        self.client_partial: Callable[[], bool] = lambda: False
+        self.split_writes = 0
+        self.batched_writes: list[int] = []
+        self.port = 0
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.target)
+
+        async def upstream() -> None:
+            while data := await client_r.read(65536):
+                server_w.write(data)
+            server_w.close()
+
+        forward = asyncio.ensure_future(upstream())
+        pending = b""
+        try:
+            while data := await server_r.read(65536):
+                pending += data
+                if self.mode == "batch" and _replies(pending) < self.batch:
+                    continue
+                if self.mode in ("split", "drop") and len(pending) > 1:
+                    half = len(pending) // 2
+                    client_w.write(pending[:half])
+                    await self._until(self.client_partial)
+                    if self.mode == "drop":
+                        client_w.transport.abort()
+                        return
+                    self.split_writes += 1
+                    pending = pending[half:]
+                if self.mode == "batch":
+                    self.batched_writes.append(_replies(pending))
+                client_w.write(pending)
+                pending = b""
+        except (asyncio.CancelledError, ConnectionError):
+            pass  # the test is over, or the client went away
+        finally:
+            forward.cancel()
+            server_w.close()
+
+    @staticmethod
+    async def _until(check: Callable[[], bool]) -> None:
+        """Until ``check()``: the client reads on this very loop, so a few turns do;
+        bounded all the same (10 s of 1 ms naps)."""
+        for _ in range(10000):
+            if check():
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError("the client never got there")
+
+
+async def _shaped(cluster: RedisCluster, count: int) -> tuple[list[Shaper], list[str]]:
+    """Shapers in front of the first ``count`` nodes; every node's URL."""
+    shapers = [Shaper(server.host, server.port) for server in list(cluster)[:count]]
+    for shaper in shapers:
+        await shaper.start()
+    urls = [f"redis://127.0.0.1:{s.port}/0" for s in shapers] + list(cluster.urls[count:])
+    return shapers, urls
+
+
+def _watch_partial(redlock: AsyncRedlock, shapers: list[Shaper]) -> None:
+    """Let each shaper see when its node's connection holds an unparsed part."""
+    for index, shaper in enumerate(shapers):
+
+        def partial(index: int = index) -> bool:
+            conn = redlock._nodes._conns[index]
+            return conn is not None and bool(conn.inbuf)
+
+        shaper.client_partial = partial
+
+
+def _values(clients: list[redis.Redis], key: str) -> list[object]:
+    return [client.get(key) for client in clients]
+
+
+def test_replies_split_across_reads_are_put_together(redis_nodes: RedisCluster) -> None:
+    clients = [server.client() for server in redis_nodes]
+
+    async def scenario() -> None:
+        shapers, urls = await _shaped(redis_nodes, 5)
+        redlock = AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        _watch_partial(redlock, shapers)
+        try:
+            assert await redlock.locked("split") is False  # connections up, handshake read
+            for shaper in shapers:
+                shaper.mode = "split"
+            lease = await redlock.acquire("split", blocking=False)
+            assert lease is not None
+            assert _values(clients, "split") == [lease.value.encode()] * 5
+            holder = await redlock.holder("split")  # a longer reply: [value, pttl]
+            assert holder.holder == lease.holder
+            assert await lease.release() is True
+            assert _values(clients, "split") == [None] * 5
+            assert all(shaper.split_writes >= 3 for shaper in shapers)
+        finally:
+            redlock.close()
+            for shaper in shapers:
+                await shaper.stop()
+
+    asyncio.run(scenario())
+
+
+def test_many_tasks_replies_in_one_read_each_reach_their_round(
+    redis_nodes: RedisCluster,
+) -> None:
+    clients = [server.client() for server in redis_nodes]
+    tasks = 6
+
+    async def scenario() -> None:
+        shapers, urls = await _shaped(redis_nodes, 5)
+        redlock = AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        try:
+            assert await redlock.locked("warm") is False
+            for shaper in shapers:
+                shaper.mode, shaper.batch = "batch", tasks
+            keys = [f"batch:{i}" for i in range(tasks)]
+            leases = await asyncio.gather(*(redlock.acquire(k, blocking=False) for k in keys))
+            for key, lease in zip(keys, leases):
+                assert isinstance(lease, AsyncLease)
+                assert _values(clients, key) == [lease.value.encode()] * 5
+            assert len({lease.value for lease in leases if lease}) == tasks
+            released = await asyncio.gather(*(lease.release() for lease in leases if lease))
+            assert released == [True] * tasks
+            for key in keys:
+                assert _values(clients, key) == [None] * 5
+            # Each node's replies reached the client in writes of ``tasks`` replies:
+            # the acquires' on every node, the releases' on the quorum that answered.
+            assert all(shaper.batched_writes[:1] == [tasks] for shaper in shapers)
+            both = [shaper for shaper in shapers if shaper.batched_writes[:2] == [tasks] * 2]
+            assert len(both) >= 3
+        finally:
+            redlock.close()
+            for shaper in shapers:
+                await shaper.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_cut_mid_reply_fails_that_node_and_reconnects_later(
+    redis_nodes: RedisCluster,
+) -> None:
+    clients = [server.client() for server in redis_nodes]
+
+    async def scenario() -> None:
+        shapers, urls = await _shaped(redis_nodes, 1)
+        redlock = AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        _watch_partial(redlock, shapers)
+        try:
+            assert await redlock.locked("cut") is False
+            first = redlock._nodes._conns[0]
+            shapers[0].mode = "drop"
+            # Won on the 4 others; the cut node's SET landed, its reply did not.
+            lease = await redlock.acquire("cut", blocking=False)
+            assert lease is not None and first is not None
+            await Shaper._until(lambda: first.closed)  # the cut may follow the quorum
+            assert _values(clients, "cut") == [lease.value.encode()] * 5
+            shapers[0].mode = "pass"
+            # The release reconnects to the cut node and deletes the key there too.
+            assert await lease.release() is True
+            assert redlock._nodes._conns[0] is not first
+            await asyncio.sleep(0)
+            for _ in range(1000):
+                if _values(clients, "cut") == [None] * 5:
+                    break
+                await asyncio.sleep(0.01)
+            assert _values(clients, "cut") == [None] * 5
+        finally:
+            redlock.close()
+            await shapers[0].stop()
+
+    asyncio.run(scenario())
+
+
+def test_replies_left_unread_through_a_stall_keep_their_connection(
+    redis_nodes: RedisCluster,
+) -> None:
+    """A stalled process (a loaded machine) resumes a task before it reads the
+    replies that came meanwhile: their connections are not taken for hung."""
+    offset = [0.0]
+
+    def clock() -> float:
+        return time.monotonic() + offset[0]
+
+    async def scenario() -> None:
+        redlock = AsyncRedlock(
+            redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, clock=clock
+        )
+        try:
+            assert await redlock.locked("warm") is False
+            conns = list(redlock._nodes._conns)
+            # Owed by every connection, nobody waits for it; not read before we yield.
+            redlock._nodes.send_only(Command(scripts.HOLDER, ["stall"], []))
+            for conn in conns:
+                assert conn is not None and conn.transport is not None
+                sock = conn.transport.get_extra_info("socket")
+                readable, _, _ = select.select([sock.fileno()], [], [], 10.0)
+                assert readable, "the node's reply is in the socket"
+            offset[0] += 600.0  # the stall: every owed reply looks ten minutes old
+            assert await redlock.locked("stall") is False
+            assert redlock._nodes._conns == conns  # none reopened
+            assert all(conn is not None and not conn.owed for conn in conns)
+        finally:
+            redlock.close()
+
+    asyncio.run(scenario())
