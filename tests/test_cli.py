@@ -283,7 +283,7 @@ def test_doctor_reports_an_unreachable_node_then_the_loss_of_quorum(
     cluster[1].stop()
     result = invoke(cluster.urls, "doctor")
     assert result.exit_code == 1
-    assert "1 of 3 nodes usable (reachable, master, distinct), quorum 2" in result.output
+    assert "1 of 3 nodes usable (reachable, standalone master, distinct), quorum 2" in result.output
     assert "no lock can be taken" in result.output
 
 
@@ -601,6 +601,28 @@ def test_cluster_checks_count_only_the_nodes_that_answered(
     verdict = check_quorum(facts)
     assert verdict.status == "ERROR"
     assert verdict.message == (
-        "1 of 3 nodes usable (reachable, master, distinct), quorum 2; 1 reachable: "
+        "1 of 3 nodes usable (reachable, standalone master, distinct), quorum 2; 1 reachable: "
         "no lock can be taken"
     )
+
+
+def test_doctor_flags_a_redis_cluster_node_not_as_a_permission_problem(
+    redis_server_factory: RedisServerFactory, tmp_path: Path
+) -> None:
+    """A cluster-enabled node refuses the lock's scripts (their keys span slots): the
+    role check says why, and the probe's failure is not taken for an ACL's."""
+    masters = [redis_server_factory(), redis_server_factory()]
+    clustered = redis_server_factory(
+        extra_args=["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "n.conf")]
+    )
+    result = invoke([m.url for m in masters] + [clustered.url], "doctor", "--json")
+    assert result.exit_code == 1, result.output
+    checks = node_checks(doc(result.stdout), address(clustered))
+    assert checks["role"]["status"] == "ERROR"
+    assert "a Redis Cluster node" in checks["role"]["message"]
+    assert "redlock_nodes" in checks["role"]["message"]
+    assert checks["permissions"]["status"] == "ERROR"
+    assert "ACL" not in checks["permissions"]["message"]
+    assert "see role" in checks["permissions"]["message"]
+    # It cannot vote: the two standalone masters make the quorum.
+    assert cluster_checks(doc(result.stdout))["quorum"]["message"].startswith("2 of 3 nodes usable")

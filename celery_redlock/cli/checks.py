@@ -83,6 +83,12 @@ def check_permissions(facts: NodeFacts, config: AppConfig) -> Check:
     """This user can take and release a lock (an ACL may allow INFO but not EVALSHA)."""
     if not facts.lock_scripts_error:
         return Check("permissions", OK, "a probe lock was taken and released")
+    if facts.cluster_enabled:  # not a permission: the node refuses the scripts' keys
+        return Check(
+            "permissions",
+            ERROR,
+            f"the probe lock failed ({facts.lock_scripts_error}): a Redis Cluster node, see role",
+        )
     return Check(
         "permissions",
         ERROR,
@@ -122,7 +128,17 @@ def check_version(facts: NodeFacts, config: AppConfig) -> Check:
 
 
 def check_role(facts: NodeFacts, config: AppConfig) -> Check:
-    """An independent master: a replica is an ERROR, a master with replicas a WARNING."""
+    """An independent master: a replica or a Redis Cluster node is an ERROR, a master
+    with replicas a WARNING."""
+    if facts.cluster_enabled:
+        return Check(
+            "role",
+            ERROR,
+            "a Redis Cluster node (cluster-enabled yes): Redlock needs standalone masters; "
+            "each lock script takes the key with its own internal keys, which a cluster "
+            "refuses (CROSSSLOT, MOVED, CLUSTERDOWN) unless they share a slot. Give "
+            "redlock_nodes N standalone redis-server processes (cluster-enabled no)",
+        )
     if facts.role == "slave":
         return Check(
             "role",
@@ -278,11 +294,11 @@ def check_distinct_servers(facts: Sequence[NodeFacts]) -> list[Check]:
 
 
 def usable_nodes(facts: Sequence[NodeFacts]) -> int:
-    """Nodes that can vote: reachable masters, each server counted once."""
+    """Nodes that can vote: reachable standalone masters, each server counted once."""
     seen: set[str] = set()
     usable = 0
     for node in facts:
-        if not node.reachable or node.role != "master":
+        if not node.reachable or node.role != "master" or node.cluster_enabled:
             continue
         if node.run_id:
             if node.run_id in seen:
@@ -298,7 +314,9 @@ def check_quorum(facts: Sequence[NodeFacts]) -> Check:
     need = quorum(count)
     usable = usable_nodes(facts)
     reachable = sum(1 for n in facts if n.reachable)
-    detail = f"{usable} of {count} nodes usable (reachable, master, distinct), quorum {need}"
+    detail = (
+        f"{usable} of {count} nodes usable (reachable, standalone master, distinct), quorum {need}"
+    )
     if reachable < count or usable < reachable:
         detail += f"; {reachable} reachable"
     restricted = sum(1 for n in facts if n.restricted)

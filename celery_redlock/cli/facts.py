@@ -39,6 +39,7 @@ class NodeFacts:
     run_id: Optional[str] = None
     role: Optional[str] = None
     master: Optional[str] = None
+    cluster_enabled: bool = False
     replicas: int = 0
     maxmemory: Optional[int] = None
     maxmemory_policy: Optional[str] = None
@@ -68,6 +69,7 @@ class NodeFacts:
             "run_id": self.run_id,
             "role": self.role,
             "master": self.master,
+            "cluster_enabled": self.cluster_enabled,
             "connected_replicas": self.replicas,
             "maxmemory": self.maxmemory,
             "maxmemory_policy": self.maxmemory_policy,
@@ -126,6 +128,7 @@ def _read_info(client: redis.Redis, facts: NodeFacts) -> None:
     if facts.role == "slave":
         facts.master = f"{replication.get('master_host')}:{replication.get('master_port')}"
     facts.replicas = int(replication.get("connected_slaves") or 0)
+    facts.cluster_enabled = bool(int(client.info("cluster").get("cluster_enabled") or 0))
     memory = client.info("memory")
     facts.maxmemory = int(memory.get("maxmemory") or 0)
     facts.maxmemory_policy = text(memory.get("maxmemory_policy"))
