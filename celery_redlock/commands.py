@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import scripts, validate
 from .errors import ConfigurationError
-from .holders import INTERNAL, fence_counter, reentry_holds, tombstone
+from .holders import FENCE_COUNTER_TTL, INTERNAL, fence_counter, reentry_holds, tombstone
 from .resp import Command
 
 __all__ = [
@@ -104,10 +104,13 @@ def acquire_command(
 def fence_command(keys: Union[str, Sequence[str]], value: str, fence: int) -> Command:
     """Record ``fence`` on every key's counter where all keys still hold ``value``."""
     keys = _as_keys(keys)
+    counter_ttl = ms(FENCE_COUNTER_TTL)
     if len(keys) > 1:
         counters = [fence_counter(k) for k in keys]
-        return Command(scripts.FENCE_MULTI, [*keys, *counters], [value, fence, len(keys)])
-    return Command(scripts.FENCE, [keys[0], fence_counter(keys[0])], [value, fence])
+        return Command(
+            scripts.FENCE_MULTI, [*keys, *counters], [value, fence, len(keys), counter_ttl]
+        )
+    return Command(scripts.FENCE, [keys[0], fence_counter(keys[0])], [value, fence, counter_ttl])
 
 
 def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:

@@ -43,8 +43,13 @@ __all__ = [
 INTERNAL = "\x00"
 #: Marks a release's tombstone: ``<key>\0released\0<token>`` (see scripts.RELEASE).
 TOMBSTONE = INTERNAL + "released" + INTERNAL
-#: Suffix of a key's fence counter, ``<key>\0fence`` (never expires, by design).
+#: Suffix of a key's fence counter, ``<key>\0fence``.
 FENCE = INTERNAL + "fence"
+#: A fence counter expires this long (seconds) after the last fence recorded on it:
+#: one key per distinct lock key ever fenced must not fill a ``noeviction`` node.
+#: Fences stay rising while clients' clocks are within half of it of the true time
+#: (SAFETY.md, property 4): a week.
+FENCE_COUNTER_TTL = 7 * 24 * 3600.0
 
 
 def tombstone(key: str, value: str) -> str:

@@ -75,7 +75,7 @@ return {1, seen}
 FENCE_MULTI: Final = Script(
     """
 -- KEYS[1..n] lock keys; KEYS[n+1..2n] their fence counters
--- ARGV[1] our value; ARGV[2] fence T; ARGV[3] n
+-- ARGV[1] our value; ARGV[2] fence T; ARGV[3] n; ARGV[4] the counters' ttl in ms
 -- Second round of a fenced multi acquire (see FENCE): T is recorded on every key's
 -- counter, so a later holder of any one of the keys reads >= T and fences higher.
 -- returns 1 when every counter is now >= T; 0 when a key is not ours (nothing changed)
@@ -87,7 +87,9 @@ for i = 1, n do
 end
 for i = n + 1, 2 * n do
   if tonumber(redis.call('get', KEYS[i]) or '0') < tonumber(ARGV[2]) then
-    redis.call('set', KEYS[i], ARGV[2])
+    redis.call('set', KEYS[i], ARGV[2], 'PX', ARGV[4])
+  else
+    redis.call('pexpire', KEYS[i], ARGV[4])
   end
 end
 return 1

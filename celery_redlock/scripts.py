@@ -77,7 +77,7 @@ return {held, redis.call('pttl', KEYS[1])}
 ACQUIRE_FENCED: Final = Script(
     """
 -- KEYS[1] lock key; KEYS[2] its tombstone for our token; KEYS[3] the key's fence
--- counter (never expires)
+-- counter (expires holders.FENCE_COUNTER_TTL after its last fence)
 -- ARGV[1] our value; ARGV[2] ttl in milliseconds
 -- returns {1, counter} when the key was free and is now ours (counter: the highest
 --         fence this node has seen granted for the key, 0 if none);
@@ -99,7 +99,8 @@ return {1, tonumber(redis.call('get', KEYS[3]) or '0')}
 
 FENCE: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] its fence counter; ARGV[1] our value; ARGV[2] fence T
+-- KEYS[1] lock key; KEYS[2] its fence counter; ARGV[1] our value; ARGV[2] fence T;
+-- ARGV[3] the counter's ttl in milliseconds, from now
 -- Second round of a fenced acquire: record T as seen, but only on a node where we
 -- still hold the lock, so a later holder's quorum (which must meet ours) reads >= T.
 -- returns 1 when the counter is now >= T; 0 when the key is not ours (nothing changed)
@@ -108,7 +109,9 @@ if redis.call('get', KEYS[1]) ~= ARGV[1] then
 end
 local seen = tonumber(redis.call('get', KEYS[2]) or '0')
 if seen < tonumber(ARGV[2]) then
-  redis.call('set', KEYS[2], ARGV[2])
+  redis.call('set', KEYS[2], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('pexpire', KEYS[2], ARGV[3])
 end
 return 1
 """

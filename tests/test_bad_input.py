@@ -164,8 +164,7 @@ class Stack:
     tasks: dict[str, Any]
 
     def lock_keys(self) -> list[str]:
-        """Lock keys left on any node (release tombstones and fence counters, which
-        never expire, aside)."""
+        """Lock keys left on any node (release tombstones and fence counters aside)."""
         keys = (str(key) for client in self.node_clients for key in client.keys("*"))
         return sorted(k for k in keys if "\x00" not in k)
 

@@ -187,3 +187,33 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
         assert lease_b.fence > lease_a.fence
     else:
         assert lease_b.fence <= lease_a.fence  # counters alone lose the order here
+
+
+@pytest.mark.parametrize("keys", [["counted"], ["counted:a", "counted:b"]], ids=["one", "set"])
+def test_fence_counters_expire_a_week_after_their_last_fence_and_fences_still_rise(
+    redis_cluster_factory: Any, keys: list[str]
+) -> None:
+    """One counter per distinct key ever fenced must not fill a ``noeviction`` node:
+    each expires FENCE_COUNTER_TTL after the last fence recorded on it, refreshed by
+    every later one. With the counters gone (expired, as after a week of silence),
+    the clock term still puts the next fence above the last."""
+    from celery_redlock.holders import FENCE_COUNTER_TTL, fence_counter
+
+    cluster: RedisCluster = redis_cluster_factory(3)
+    redlock = Redlock(cluster.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
+    clients = [server.client() for server in cluster]
+    target = keys if len(keys) > 1 else keys[0]
+    fences = []
+    for _ in range(2):
+        lease = redlock.acquire(target, blocking=False)
+        assert lease is not None and lease.fence is not None
+        fences.append(lease.fence)
+        for client in clients:  # on every node (all three granted), for every key
+            for key in keys:
+                pttl = client.pttl(fence_counter(key))
+                assert 0 < pttl <= FENCE_COUNTER_TTL * 1000, (key, pttl)
+                assert int(client.get(fence_counter(key)) or 0) == lease.fence
+        assert lease.release() is True
+        for client in clients:  # the counters expired
+            client.delete(*[fence_counter(key) for key in keys])
+    assert fences[1] > fences[0]

@@ -17,7 +17,7 @@ __all__ = ["FENCE_SUFFIX", "TOMBSTONE_MARK", "TtlScanner", "classify", "leftover
 
 # Key shapes the lock leaves on a node, spelled out here rather than imported: a
 # release's tombstone ``<key>\\0released\\0<token>`` (must expire) and a fence counter
-# ``<key>\\0fence`` (never expires, by design). Anything else is a lock key.
+# ``<key>\\0fence`` (expires a week after its last fence). Anything else is a lock key.
 TOMBSTONE_MARK = "\x00released\x00"
 FENCE_SUFFIX = "\x00fence"
 
@@ -34,7 +34,8 @@ def classify(name: Union[bytes, str]) -> str:
 
 class TtlScanner:
     """A thread that SCANs the lock nodes over and over and records every key it sees
-    without an expiry (PTTL -1), except fence counters, which never expire by design.
+    without an expiry (PTTL -1), except fence counters (counters written before they
+    had one keep none until their next fence).
 
     ``start()`` / ``stop()``; ``seen`` counts distinct keys per class, ``without_ttl``
     lists the offenders as (node index, key). Nodes that are down or paused are

@@ -10,7 +10,8 @@ statement of the algorithm in DESIGN.md, so that a bug shared by both cannot hid
 What is modelled (one lock key throughout):
 
 * Nodes hold the lock key (value = the client's unique token, with an expiry in
-  ticks) and a fence counter that never expires. ``acquire`` is SET NX PX (plus
+  ticks) and a fence counter (its week-long expiry is not modelled: an expired counter
+  is a lost one, as after a restart, see SAFETY.md). ``acquire`` is SET NX PX (plus
   INCR of the counter in the *naive* fencing variant); ``fence`` is the round-2
   script "if the key holds my token, counter := max(counter, T)"; ``extend`` is
   compare-and-pexpire; ``release`` is compare-and-delete.
