@@ -125,6 +125,9 @@ class Node:
         #: Sent ahead of a new connection's first command (see connection.handshake).
         self.handshake = handshake(kwargs.get("username"), kwargs.get("password"), self.db)
         self._sockaddr: Optional[tuple[int, Any]] = None
+        # Sentinel-managed: the master discovered, and the one just left (forget_address).
+        self._master: Optional[tuple[str, int]] = None
+        self._left: Optional[tuple[str, int]] = None
         self._idle: deque[Connection] = deque()
         self._client: Optional[redis.Redis] = None
         self._given_client = spec if isinstance(spec, redis.Redis) else None
@@ -173,7 +176,8 @@ class Node:
             host, port = self.host, self.port
             if self.sentinel is not None:
                 # Raises redis.ConnectionError saying what each Sentinel answered.
-                host, port = discover(self.sentinel, budget)
+                host, port = self._master = discover(self.sentinel, budget, self._left)
+                self._left = None
             # Resolved once and cached: getaddrinfo blocks, and for an IP literal
             # or /etc/hosts name it is instant anyway.
             infos = unpatched.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -191,6 +195,7 @@ class Node:
         refusal, or a READONLY reply (a master demoted to replica by a failover)."""
         if not self.path:
             self._sockaddr = None
+            self._left = self._master  # a Sentinel naming it again is taken last
 
     def _moved(self, conn: Connection) -> bool:
         """A Sentinel-managed master's connection to where the master no longer is."""

@@ -243,11 +243,15 @@ class _Asking:
         return None
 
 
-def discover(spec: SentinelSpec, budget: float) -> tuple[str, int]:
+def discover(
+    spec: SentinelSpec, budget: float, avoid: Optional[tuple[str, int]] = None
+) -> tuple[str, int]:
     """The master's (host, port), as the first Sentinel to answer knows it.
 
-    Every Sentinel is asked at once; gives up after ``budget`` seconds. Raises
-    ``redis.ConnectionError`` saying what each Sentinel answered.
+    Every Sentinel is asked at once; gives up after ``budget`` seconds. ``avoid``: the
+    address just left (it answered READONLY, or nothing): a lagging or partitioned
+    Sentinel may still name it, so it is taken only when every Sentinel that answers
+    in time does. Raises ``redis.ConnectionError`` saying what each Sentinel answered.
     """
     deadline = time.monotonic() + budget
     auth: list[bytes] = []
@@ -260,6 +264,7 @@ def discover(spec: SentinelSpec, budget: float) -> tuple[str, int]:
     request = b"".join(auth) + pack(b"SENTINEL", b"get-master-addr-by-name", spec.master_name)
     errors: dict[str, str] = {}
     asking: dict[int, _Asking] = {}
+    stale: Optional[tuple[str, int]] = None  # ``avoid``, named by some Sentinel
     poller = unpatched.poll()
     try:
         for host, port in spec.sentinels:
@@ -286,9 +291,12 @@ def discover(spec: SentinelSpec, budget: float) -> tuple[str, int]:
                     continue
                 if answer is not None or not one.owed:
                     address = _master_address(answer)
-                    if address is not None:
+                    if address is not None and address != avoid:
                         return address
-                    errors[one.where] = f"knows no master named {spec.master_name!r}"
+                    if address is not None:
+                        stale = address
+                    else:
+                        errors[one.where] = f"knows no master named {spec.master_name!r}"
                     poller.unregister(fd)
                     del asking[fd]
                     one.close()
@@ -299,6 +307,8 @@ def discover(spec: SentinelSpec, budget: float) -> tuple[str, int]:
     finally:
         for one in asking.values():
             one.close()
+    if stale is not None:
+        return stale
     told = "; ".join(f"{where}: {why}" for where, why in errors.items())
     raise rexc.ConnectionError(f"{spec.address}: no Sentinel gave the master's address ({told})")
 

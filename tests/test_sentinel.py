@@ -330,3 +330,25 @@ def test_a_hung_master_is_left_for_the_one_the_sentinels_promote() -> None:
             won.release()
         finally:
             old.resume()
+
+
+@pytest.mark.slow
+def test_a_sentinel_naming_the_master_just_left_is_heard_last() -> None:
+    """A lagging or partitioned Sentinel may still name the demoted master. After a
+    READONLY (or a silent round) the node asks again avoiding that address: the
+    answer of a Sentinel naming another master wins, whoever answers first; the
+    avoided address is taken only when every Sentinel names it. Two groups under one
+    master name play a current and a stale Sentinel."""
+    from celery_redlock.sentinel import discover, parse_sentinel_url
+
+    with (
+        RedisSentinelGroup(replicas=1, sentinels=1) as one,
+        RedisSentinelGroup(replicas=1, sentinels=1) as other,
+    ):
+        a, b = ("127.0.0.1", one.master.port), ("127.0.0.1", other.master.port)
+        both = parse_sentinel_url(f"{one.broker_url};{other.broker_url}?master_name=mymaster")
+        for _ in range(5):  # whichever Sentinel answers first
+            assert discover(both, 2.0, avoid=a) == b
+            assert discover(both, 2.0, avoid=b) == a
+        alone = parse_sentinel_url(one.url)
+        assert discover(alone, 2.0, avoid=a) == a  # every Sentinel names it: taken
