@@ -43,6 +43,7 @@ CELERY_FREE = (
     "asyncio.redlock",
     "asyncio.nodes",
     "asyncio.connection",
+    "asyncio.wake",
 )
 #: Rooms with no imports from the package at all (plain data or pure logic).
 SELF_CONTAINED = ("errors", "round", "holders", "headers", "lua", "signals", "unpatched")

@@ -15,6 +15,11 @@ node behind the SET, without waiting); a cancelled ``lock`` block's lease is
 released in a shielded task, so a second cancellation cannot stop the release.
 Auto-extension is one asyncio task per block, renewing at ttl/3.
 
+Blocking: between attempts an acquire hears the key's release (wake.py in this
+package: pooled pub/sub connections per node, on the event loop) and tries again
+as soon as one is heard, at the latest when the holder's lock expires; cancelled
+while waiting, it unsubscribes and hands its connections back.
+
 Reentrancy (``reentrant=True``, ``AlreadyHeld``; see reentry.py): the execution is
 the current asyncio Task, so two tasks of one event loop are two executions, as two
 threads are for ``Redlock``.
@@ -43,6 +48,7 @@ from ..refusal import Attempt
 from ..rules import LockRules
 from ..validate import seconds
 from .nodes import AsyncNodeSet
+from .wake import AsyncWakeups
 
 __all__ = ["AsyncLease", "AsyncRedlock"]
 
@@ -133,8 +139,10 @@ class AsyncRedlock(LockRules):
     """The Redlock over N independent Redis masters, for asyncio.
 
     Arguments as ``Redlock``'s (same defaults, same checks, same errors); ``sleep``
-    is a coroutine function (default ``asyncio.sleep``). One connection per node
-    per event loop, opened on first use.
+    is a coroutine function (default ``asyncio.sleep``; an injected one turns
+    hearing releases off: a blocked acquire then polls through it). One connection
+    per node per event loop, opened on first use, and pub/sub connections for
+    blocked acquires (``close`` closes them all).
     """
 
     _nodes: AsyncNodeSet
@@ -162,6 +170,11 @@ class AsyncRedlock(LockRules):
         # Which leases each execution (asyncio Task) won through this lock.
         self._held = HeldLeases(current_task_execution)
         self._count_nodes(len(self._nodes))
+        # A blocked acquire hears releases (wake.py here), unless waits were injected.
+        self._wakeups: Optional[AsyncWakeups] = None
+        if sleep is asyncio.sleep:
+            heard_enough = len(self._nodes) - self.quorum + 1
+            self._wakeups = AsyncWakeups(self._nodes.nodes, heard_enough, self.node_timeout)
 
     def __repr__(self) -> str:
         return f"<AsyncRedlock [{', '.join(self.nodes)}] ttl={self.ttl}s>"
@@ -172,11 +185,16 @@ class AsyncRedlock(LockRules):
         return [n.address for n in self._nodes.nodes]
 
     def close(self) -> None:
-        """Close every connection (they reopen on next use)."""
+        """Close every connection, the idle pub/sub ones too (they reopen on next use)."""
         self._nodes.close()
+        if self._wakeups is not None:
+            self._wakeups.close()
 
-    async def _drive(self, steps: Steps[T]) -> T:
-        """Run an operation's steps, each round awaited on this lock's nodes."""
+    async def _drive(
+        self, steps: Steps[T], pause: Optional[Callable[[Pause], Awaitable[None]]] = None
+    ) -> T:
+        """Run an operation's steps, each round awaited on this lock's nodes; a
+        pause is ``pause``'s to wait out (a blocked acquire's listener), else slept."""
         try:
             step = next(steps)
             while True:
@@ -184,7 +202,10 @@ class AsyncRedlock(LockRules):
                     step = steps.send(await self._nodes.round(step))
                     continue
                 if isinstance(step, Pause):
-                    await self._sleep(step.seconds)
+                    if pause is not None:
+                        await pause(step)
+                    else:
+                        await self._sleep(step.seconds)
                 elif isinstance(step, Settle) and isinstance(step.lease, AsyncLease):
                     await step.lease._settled()
                 step = steps.send([])
@@ -205,13 +226,11 @@ class AsyncRedlock(LockRules):
         reentrant: bool = False,
     ) -> Optional[AsyncLease]:
         """See ``Redlock.acquire``: the lease, ``None`` when not won, or
-        ``QuorumUnavailable``. Cancelled, it releases whatever it got. A key this
+        ``QuorumUnavailable``; blocking, it waits for the key's release (``timeout``
+        None: until won). Cancelled, it releases whatever it got. A key this
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
         more hold of its lease. ``key`` may be a list of keys taken together."""
-        steps = self._acquire_steps(
-            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
-        )
-        attempt: Attempt = await self._drive(steps)
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
         return cast(Optional[AsyncLease], attempt.outcome(key, False))
 
     async def try_acquire(
@@ -242,7 +261,14 @@ class AsyncRedlock(LockRules):
         steps = self._acquire_steps(
             self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
         )
-        return await self._drive(steps)
+        wakeups = self._wakeups
+        if not blocking or wakeups is None:
+            return await self._drive(steps)
+        listener = wakeups.listener(self._clock, self._sleep)
+        try:  # also when cancelled: unsubscribed, its connections pooled
+            return await self._drive(steps, listener.pause)
+        finally:
+            listener.close()
 
     @contextlib.asynccontextmanager
     async def lock(
