@@ -12,7 +12,8 @@ Trials of all contenders are interleaved, so drift on the machine hits all alike
 Contenders, all in one run on the same 5 redis-server masters (the 1-node libraries
 use the first): celery-redlock (5 nodes, woken by the release), celery-redlock
 polling as before the wake-up (an injected sleep turns hearing off: random 0.5..1.5 x
-``retry_delay`` 0.2 s), python-redis-lock (1 node, BLPOP on a signal list), redis-py
+``retry_delay`` 0.2 s), ``AsyncRedlock`` (5 nodes, woken, on an event loop kept
+for the child's life), python-redis-lock (1 node, BLPOP on a signal list), redis-py
 ``Lock`` (1 node, polls every 0.1 s, its default) and pottery ``Redlock`` (5 nodes,
 blocking acquire polls). Writes bench/results/wake.json and wake.md.
 """
@@ -43,6 +44,7 @@ SETTLE = 0.03
 CONTENDERS = {
     "celery_redlock_5": "celery-redlock, woken (5 nodes)",
     "celery_redlock_5_polling": "celery-redlock, polling as before (5 nodes)",
+    "async_redlock_5": "celery-redlock AsyncRedlock, woken (5 nodes)",
     "python_redis_lock": "python-redis-lock, BLPOP (1 node)",
     "redis_py": "redis-py Lock, polls 0.1 s (1 node)",
     "pottery_5": "pottery Redlock (5 nodes)",
@@ -68,6 +70,8 @@ def _lock_factory(slug: str, urls: list[str]) -> Callable[[str, bool], Any]:
             return None if lease is None else lease.release
 
         return ours
+    if slug == "async_redlock_5":
+        return _async_factory(urls)
     clients = [redis.Redis.from_url(url) for url in urls]
     if slug == "python_redis_lock":
 
@@ -93,6 +97,23 @@ def _lock_factory(slug: str, urls: list[str]) -> Callable[[str, bool], Any]:
         return lock.release if won else None
 
     return pot
+
+
+def _async_factory(urls: list[str]) -> Callable[[str, bool], Any]:
+    """AsyncRedlock on one event loop kept for the child's life."""
+    import asyncio
+
+    from celery_redlock.asyncio import AsyncRedlock
+
+    loop = asyncio.new_event_loop()
+    redlock = AsyncRedlock(urls, ttl=TTL, node_timeout=0.05)
+
+    def ours(key: str, blocking: bool) -> Any:
+        timeout = WAIT if blocking else None
+        lease = loop.run_until_complete(redlock.acquire(key, blocking=blocking, timeout=timeout))
+        return None if lease is None else lambda: loop.run_until_complete(lease.release())
+
+    return ours
 
 
 def _child(slug: str, urls: list[str], pipe: Connection) -> None:
