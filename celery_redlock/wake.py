@@ -60,7 +60,7 @@ from .node import Node
 from .quorum import Pause
 from .resp import INCOMPLETE, pack, parse
 
-__all__ = ["Listener", "Wakeups", "wake_channel"]
+__all__ = ["Listener", "Subscriber", "Wakeups", "wake_channel"]
 
 _POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
@@ -72,7 +72,7 @@ def wake_channel(key: str) -> bytes:
     return key.encode() + _SUFFIX
 
 
-class _Subscriber:
+class Subscriber:
     """One pub/sub connection to one node: what it asked for and what it heard."""
 
     __slots__ = ("acks", "broken", "conn", "denied", "heard", "wanted", "watching")
@@ -157,7 +157,7 @@ class Wakeups:
 
     def __init__(self, nodes: Sequence[Node], heard_enough: int, node_timeout: float) -> None:
         self._nodes = list(nodes)
-        self._idle: list[deque[_Subscriber]] = [deque() for _ in self._nodes]
+        self._idle: list[deque[Subscriber]] = [deque() for _ in self._nodes]
         #: Subscribed nodes that meet every quorum of the holder's keys (N - quorum + 1).
         self.heard_enough = heard_enough
         self.node_timeout = node_timeout
@@ -174,7 +174,7 @@ class Wakeups:
             self._pid = os.getpid()
         return Listener(self, clock, sleep)
 
-    def checkout(self, i: int, now: float) -> Optional[_Subscriber]:
+    def checkout(self, i: int, now: float) -> Optional[Subscriber]:
         idle = self._idle[i]
         while idle:
             try:
@@ -190,11 +190,11 @@ class Wakeups:
                 return sub
             sub.close()
         try:
-            return _Subscriber(self._nodes[i].connect(now, self.node_timeout))
+            return Subscriber(self._nodes[i].connect(now, self.node_timeout))
         except (rexc.RedisError, OSError):
             return None  # not heard: the waits on this node poll
 
-    def checkin(self, i: int, sub: _Subscriber) -> None:
+    def checkin(self, i: int, sub: Subscriber) -> None:
         sub.stop()
         if sub.broken or sub.conn.sock is None:
             sub.close()
@@ -217,7 +217,7 @@ class Listener:
         self._wakeups = wakeups
         self._clock = clock
         self._sleep = sleep
-        self._subs: dict[int, _Subscriber] = {}
+        self._subs: dict[int, Subscriber] = {}
         self._started = False
 
     def pause(self, step: Pause) -> None:

@@ -18,7 +18,7 @@ blocked acquire
 A subscriber's connection is an ``asyncio.Protocol``: connection.py's
 ``NodeConnection`` (the same address, TLS and AUTH/SELECT handshake), whose pushes
 go as they come (``data_received``) to the synchronous subscriber's bookkeeping
-(wake.py's ``_Subscriber``: what was asked, confirmed, refused and heard; only its
+(wake.py's ``Subscriber``: what was asked, confirmed, refused and heard; only its
 writes differ) and wake the waiting acquire through one future; no task per
 subscriber or per wait (a timer bounds the wait), no thread, no blocking I/O.
 Cancelled while waiting, the acquire's ``close`` still runs: UNSUBSCRIBE is written
@@ -38,8 +38,7 @@ from redis import exceptions as rexc
 from ..node import Node
 from ..quorum import Pause
 from ..resp import INCOMPLETE, parse
-from ..wake import _Subscriber as Subscriber
-from ..wake import wake_channel
+from ..wake import Subscriber, wake_channel
 from .connection import NodeConnection
 
 __all__ = ["AsyncListener", "AsyncWakeups"]
@@ -51,7 +50,7 @@ class _Protocol(NodeConnection):
 
     def __init__(self, node: Node, index: int, now: float) -> None:
         super().__init__(node, index, now)
-        self.sub = _Subscriber(self)
+        self.sub = AsyncSubscriber(self)
 
     def data_received(self, data: bytes) -> None:
         buf = self.inbuf
@@ -79,7 +78,7 @@ class _Protocol(NodeConnection):
         self.sub.poke()
 
 
-class _Subscriber(Subscriber):
+class AsyncSubscriber(Subscriber):
     """What one node's connection asked for and heard: the synchronous
     subscriber's state and pushes (wake.py), written and read on the event loop."""
 
@@ -111,7 +110,7 @@ class AsyncWakeups:
 
     def __init__(self, nodes: Sequence[Node], heard_enough: int, node_timeout: float) -> None:
         self._nodes = list(nodes)
-        self._idle: list[list[_Subscriber]] = [[] for _ in self._nodes]
+        self._idle: list[list[AsyncSubscriber]] = [[] for _ in self._nodes]
         #: Subscribed nodes that meet every quorum of the holder's keys (N - quorum + 1).
         self.heard_enough = heard_enough
         self.node_timeout = node_timeout
@@ -126,7 +125,7 @@ class AsyncWakeups:
         """A blocked acquire's subscriptions (its pauses); ``close`` it."""
         return AsyncListener(self, clock, sleep)
 
-    def checkout(self, i: int, now: float) -> _Subscriber:
+    def checkout(self, i: int, now: float) -> AsyncSubscriber:
         """An idle subscriber of this event loop, or a new one (connecting)."""
         loop = asyncio.get_running_loop()
         idle = self._idle[i]
@@ -137,7 +136,7 @@ class AsyncWakeups:
             sub.close()  # failed while idle, or an earlier event loop's
         return _Protocol(self._nodes[i], i, now).sub
 
-    def checkin(self, i: int, sub: _Subscriber) -> None:
+    def checkin(self, i: int, sub: AsyncSubscriber) -> None:
         sub.stop()
         sub.listener = None
         if sub.broken or sub.protocol.transport is None:
@@ -169,7 +168,7 @@ class AsyncListener:
         self._wakeups = wakeups
         self._clock = clock
         self._sleep = sleep
-        self._subs: dict[int, _Subscriber] = {}
+        self._subs: dict[int, AsyncSubscriber] = {}
         self._started = False
         self._wake: Optional[asyncio.Future[None]] = None
 
