@@ -3,13 +3,15 @@ write is refused by the storage (Redis and SQLite), with real SIGSTOP pauses."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing
 import os
 import signal
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -48,11 +50,31 @@ def _write(store_url: str, db_path: Path, body: str, fence: int) -> tuple[bool, 
 
 
 def _paused_holder(urls: list[str], store_url: str, db_path: Path, conn: Any) -> None:
+    # SIGUSR1 writes every thread's stack next to the database: what a holder that
+    # never answers was doing (see _stacks).
+    faulthandler.register(signal.SIGUSR1, file=open(_stack_file(db_path), "w"))  # noqa: SIM115
     lease = Redlock(urls, ttl=TTL, node_timeout=NODE_TIMEOUT, fencing=True).acquire("fenced-report")
     assert lease is not None and lease.fence is not None
     conn.send(("acquired", lease.fence, _write(store_url, db_path, "A-first", lease.fence)))
     assert conn.recv() == "write"  # the parent SIGSTOPs us before it sends this
     conn.send(("stale", _write(store_url, db_path, "A-stale", lease.fence), lease.held))
+
+
+def _stack_file(db_path: Path) -> Path:
+    return db_path.with_suffix(".holder-stacks")
+
+
+def _stacks(db_path: Path, pid: Optional[int]) -> str:
+    """The stacks of a holder that did not answer in time (it dumps them on SIGUSR1)."""
+    if pid is None:
+        return "(no holder process)"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    with contextlib.suppress(OSError):
+        return _stack_file(db_path).read_text()
+    return "(no stacks written)"
 
 
 @pytest.mark.slow
@@ -71,7 +93,9 @@ def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
         )
         holder.start()
         try:
-            assert parent_end.poll(CHILD_REPLY_WITHIN), "the holder never acquired"
+            assert parent_end.poll(CHILD_REPLY_WITHIN), (
+                f"the holder never acquired; its stacks:\n{_stacks(db_path, holder.pid)}"
+            )
             tag, f1, first = parent_end.recv()
             assert tag == "acquired" and first == (True, True)
             assert holder.pid is not None
@@ -87,7 +111,9 @@ def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
             assert _write(store.url, db_path, "B", f2) == (True, True)
             os.kill(holder.pid, signal.SIGCONT)
             parent_end.send("write")
-            assert parent_end.poll(CHILD_REPLY_WITHIN), "the resumed holder never wrote"
+            assert parent_end.poll(CHILD_REPLY_WITHIN), (
+                f"the resumed holder never wrote; its stacks:\n{_stacks(db_path, holder.pid)}"
+            )
             tag, stale, still_held = parent_end.recv()
             assert still_held is False  # the resumed holder sees its lease lost
             stale_accepted += sum(stale)
