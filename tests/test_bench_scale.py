@@ -130,6 +130,6 @@ def test_report_has_a_table_per_section_and_draws_the_figure(tmp_path: Path) -> 
     for heading in ("| nodes |", "| threads |", "| leases held |", "| duplicates |"):
         assert heading in text
     assert "| lock | nodes |" in text
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
     scale_report.plot(report, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

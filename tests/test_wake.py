@@ -364,7 +364,7 @@ _HUBS = {
 
 @pytest.mark.parametrize("hub", sorted(_HUBS))
 def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisCluster, hub: str) -> None:
-    pytest.importorskip(hub)
+    pytest.importorskip(hub, reason=f"{hub} (the test extra) is not installed")
     patch, module = _HUBS[hub]
     script = _GREEN_WAIT.format(patch=patch, sleep=f"{module}.sleep", spawn=f"{module}.spawn")
     done = subprocess.run(
