@@ -162,7 +162,11 @@ def test_replies_split_across_reads_are_put_together(redis_nodes: RedisCluster) 
             assert holder.holder == lease.holder
             assert await lease.release() is True
             await _on_every_node(clients, "split", None)
-            assert all(shaper.split_writes >= 3 for shaper in shapers)
+            # Three rounds, each returned once a quorum (3) had answered, and a node's
+            # reply reaches the client only after its read was split in two. A node in
+            # two rounds' quorums answered the first before the second was sent, so in
+            # another read. (A straggler's replies may share a read: no count per node.)
+            assert sum(shaper.split_writes for shaper in shapers) >= 3 * 3
         finally:
             redlock.close()
             for shaper in shapers:
@@ -194,11 +198,13 @@ def test_many_tasks_replies_in_one_read_each_reach_their_round(
             assert released == [True] * tasks
             for key in keys:
                 await _on_every_node(clients, key, None)
-            # Each node's replies reached the client in writes of ``tasks`` replies:
-            # the acquires' on every node, the releases' on the quorum that answered.
-            assert all(shaper.batched_writes[:1] == [tasks] for shaper in shapers)
-            both = [shaper for shaper in shapers if shaper.batched_writes[:2] == [tasks] * 2]
-            assert len(both) >= 3
+            # Replies reached the client only in writes of at least ``tasks`` replies.
+            # The first three nodes to answer wrote exactly the ``tasks`` acquires' (no
+            # release is sent before a quorum answered them); a straggler's acquires may
+            # share a write with its releases.
+            assert all(w >= tasks for shaper in shapers for w in shaper.batched_writes)
+            first = [shaper for shaper in shapers if shaper.batched_writes[:1] == [tasks]]
+            assert len(first) >= 3
         finally:
             redlock.close()
             for shaper in shapers:
