@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
+from observe import settles, until
 
 from celery_redlock import (
     AlreadyHeld,
@@ -43,6 +44,13 @@ def _values(cluster: RedisCluster, key: str) -> list[Any]:
     return [c.get(key) for c in _clients(cluster)]
 
 
+def _settle(cluster: RedisCluster, keys: list[str], expected: list[Any]) -> None:
+    """Wait until every node holds ``expected`` under each of ``keys``: a round
+    returns at quorum, the other nodes' copies follow."""
+    for key in keys:
+        settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")  # noqa: B023
+
+
 def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: RedisCluster) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["b", "a"])
@@ -50,9 +58,9 @@ def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: Redis
     assert lease.keys == ("a", "b")
     assert lease.key == "a+b"
     value = lease.value.encode()
-    assert _values(redis_nodes, "a") == _values(redis_nodes, "b") == [value] * 5
+    _settle(redis_nodes, ["a", "b"], [value] * 5)
     assert lease.release() is True
-    assert _values(redis_nodes, "a") == _values(redis_nodes, "b") == [None] * 5
+    _settle(redis_nodes, ["a", "b"], [None] * 5)
     single = redlock.acquire(["solo"])  # one key in a list: a plain lease
     assert single is not None and single.keys == ("solo",) and single.key == "solo"
     assert single.release() is True
@@ -61,6 +69,7 @@ def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: Redis
 def test_overlapping_sets_contend_and_the_loser_sets_no_key(redis_nodes: RedisCluster) -> None:
     first = _lock(redis_nodes).acquire(["a", "b"])
     assert first is not None
+    _settle(redis_nodes, ["a", "b"], [first.value.encode()] * 5)  # held on every node
     other = _lock(redis_nodes)
     assert other.acquire(["b", "c"], blocking=False) is None
     # All or none: "c" was free everywhere, yet no node set it.
@@ -74,9 +83,10 @@ def test_overlapping_sets_contend_and_the_loser_sets_no_key(redis_nodes: RedisCl
     disjoint = other.acquire(["c", "d"], blocking=False)  # no overlap: no contention
     assert disjoint is not None and disjoint.release() is True
     assert first.release() is True
+    _settle(redis_nodes, ["a", "b", "c", "d"], [None] * 5)
     second = other.acquire(["b", "c"], blocking=False)
     assert second is not None
-    assert _values(redis_nodes, "b") == _values(redis_nodes, "c") == [second.value.encode()] * 5
+    _settle(redis_nodes, ["b", "c"], [second.value.encode()] * 5)
     assert _values(redis_nodes, "a") == [None] * 5
     assert second.release() is True
 
@@ -90,17 +100,16 @@ def test_a_node_where_one_key_is_held_by_someone_else_grants_neither(
     lease = _lock(redis_nodes).acquire(["a", "b"], blocking=False)
     assert lease is not None  # three free nodes make the quorum
     value = lease.value.encode()
-    for client in clients[:2]:
-        assert client.get("a") is None and client.get("b") == FOREIGN
-    for client in clients[2:]:
-        assert client.get("a") == value and client.get("b") == value
+    _settle(redis_nodes, ["a"], [None, None, value, value, value])
+    _settle(redis_nodes, ["b"], [FOREIGN, FOREIGN, value, value, value])
     assert lease.release() is True
-    assert [c.get("b") for c in clients] == [FOREIGN, FOREIGN, None, None, None]
+    _settle(redis_nodes, ["a"], [None] * 5)
+    _settle(redis_nodes, ["b"], [FOREIGN, FOREIGN, None, None, None])
 
     clients[2].set("b", FOREIGN, px=60_000)  # now a majority holds "b": no quorum
     assert _lock(redis_nodes).acquire(["a", "b"], blocking=False) is None
-    assert _values(redis_nodes, "a") == [None] * 5  # undone everywhere
-    assert [c.get("b") for c in clients] == [FOREIGN] * 3 + [None] * 2
+    _settle(redis_nodes, ["a"], [None] * 5)  # undone everywhere
+    _settle(redis_nodes, ["b"], [FOREIGN] * 3 + [None] * 2)
 
 
 def test_quorum_with_two_of_five_nodes_down(redis_nodes: RedisCluster) -> None:
@@ -125,10 +134,11 @@ def test_extend_and_release_cover_the_whole_set(redis_nodes: RedisCluster) -> No
     lease = redlock.acquire(["p", "q", "r"], ttl=KEY_TTL)
     assert lease is not None
     assert lease.extend(ttl=3 * KEY_TTL) is True
-    for client in _clients(redis_nodes):
-        for key in lease.keys:
-            assert client.pttl(key) > KEY_TTL * 1000  # only the extension reaches past
     clients = _clients(redis_nodes)
+    until(  # only the extension reaches past KEY_TTL
+        lambda: all(c.pttl(key) > KEY_TTL * 1000 for c in clients for key in lease.keys),
+        "the extension on every node",
+    )
     for client in clients[:3]:  # someone else took "q" on a majority
         client.set("q", FOREIGN, px=60_000)
     assert lease.extend() is False  # a node extends all keys or none: a majority refused
@@ -136,18 +146,23 @@ def test_extend_and_release_cover_the_whole_set(redis_nodes: RedisCluster) -> No
     for client in clients[:3]:
         assert client.pttl("p") > KEY_TTL * 1000  # untouched by the refused extension
     assert lease.release() is False  # not wholly ours any more
-    assert [c.get("q") for c in clients] == [FOREIGN] * 3 + [None] * 2  # never touched
-    assert _values(redis_nodes, "p") == _values(redis_nodes, "r") == [None] * 5
+    _settle(redis_nodes, ["q"], [FOREIGN] * 3 + [None] * 2)  # the foreign copies untouched
+    _settle(redis_nodes, ["p", "r"], [None] * 5)
 
 
 def test_release_leaves_a_tombstone_for_each_absent_key(redis_nodes: RedisCluster) -> None:
     lease = _lock(redis_nodes).acquire(["t1", "t2"])
     assert lease is not None
+    _settle(redis_nodes, ["t1", "t2"], [lease.value.encode()] * 5)
     for client in _clients(redis_nodes):
         client.delete("t1", "t2")  # expired, or a late SET still on its way
     assert lease.release() is False
-    for client in _clients(redis_nodes):
-        assert client.exists(tombstone("t1", lease.value), tombstone("t2", lease.value)) == 2
+    tombstones = (tombstone("t1", lease.value), tombstone("t2", lease.value))
+    settles(
+        lambda: [c.exists(*tombstones) for c in _clients(redis_nodes)],
+        [2] * 5,
+        "both tombstones on every node",
+    )
 
 
 def test_the_watchdog_extends_the_whole_set_through_a_lock_block(
@@ -164,15 +179,15 @@ def test_the_watchdog_extends_the_whole_set_through_a_lock_block(
         lease.on_extended(count)
         assert extended.wait(60), "the watchdog never renewed the set"
         assert lease.held
-        value = lease.value.encode()
-        assert _values(redis_nodes, "w1") == _values(redis_nodes, "w2") == [value] * 5
-    assert _values(redis_nodes, "w1") == _values(redis_nodes, "w2") == [None] * 5
+        _settle(redis_nodes, ["w1", "w2"], [lease.value.encode()] * 5)
+    _settle(redis_nodes, ["w1", "w2"], [None] * 5)
 
 
 def test_each_key_of_a_set_reads_as_held_by_its_holder(redis_nodes: RedisCluster) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["h1", "h2"], holder="reporter")
     assert lease is not None
+    _settle(redis_nodes, ["h1", "h2"], [lease.value.encode()] * 5)  # no SET still on its way
     other = _lock(redis_nodes)
     for key in lease.keys:
         assert other.locked(key) is True
@@ -189,12 +204,16 @@ def test_each_key_of_a_set_reads_as_held_by_its_holder(redis_nodes: RedisCluster
 def test_release_value_and_extend_value_take_the_list(redis_nodes: RedisCluster) -> None:
     lease = _lock(redis_nodes).acquire(["v1", "v2"])
     assert lease is not None
+    _settle(redis_nodes, ["v1", "v2"], [lease.value.encode()] * 5)
     elsewhere = _lock(redis_nodes)  # another process, handed the value
     assert elsewhere.extend_value(["v2", "v1"], lease.value, ttl=3 * KEY_TTL) is True
-    for client in _clients(redis_nodes):
-        assert min(client.pttl("v1"), client.pttl("v2")) > KEY_TTL * 1000
+    clients = _clients(redis_nodes)
+    until(
+        lambda: all(min(c.pttl("v1"), c.pttl("v2")) > KEY_TTL * 1000 for c in clients),
+        "the extension on every node",
+    )
     assert elsewhere.release_value(["v1", "v2"], lease.value) is True
-    assert _values(redis_nodes, "v1") == _values(redis_nodes, "v2") == [None] * 5
+    _settle(redis_nodes, ["v1", "v2"], [None] * 5)
     assert elsewhere.release_value(["v1", "v2"], lease.value) is False
     assert elsewhere.extend_value(["v1", "v2"], lease.value) is False
 
@@ -203,9 +222,12 @@ def test_a_fenced_set_orders_the_holders_of_each_key(redis_nodes: RedisCluster) 
     redlock = _lock(redis_nodes, fencing=True)
     lease = redlock.acquire(["f1", "f2"])
     assert lease is not None and lease.fence is not None
-    for client in _clients(redis_nodes):
-        for key in lease.keys:
-            assert int(client.get(fence_counter(key)) or 0) == lease.fence
+    for key in lease.keys:
+        settles(
+            lambda: [int(c.get(fence_counter(key)) or 0) for c in _clients(redis_nodes)],  # noqa: B023
+            [lease.fence] * 5,
+            f"the fence counter of {key!r} on every node",
+        )
     assert lease.release() is True
     later = [redlock.acquire(key) for key in ("f2", "f1")]
     fences = [lease.fence]
@@ -235,6 +257,7 @@ def test_a_key_of_a_held_set_is_already_held_by_this_execution(
         with pytest.raises(AlreadyHeld):
             call()
     assert lease.release() is True
+    _settle(redis_nodes, ["s1", "s2"], [None] * 5)
     again = redlock.acquire(["s2", "s3"], blocking=False)
     assert again is not None and again.release() is True
 
