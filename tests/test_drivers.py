@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
+from observe import settles, until
 from test_redlock import BAD_CONSTRUCTION
 
 from celery_redlock import (
@@ -160,6 +161,16 @@ def _lock(make: Make, cluster: RedisCluster, **kwargs: Any) -> Any:
     return make(cluster.urls, ttl=kwargs.pop("ttl", KEY_TTL), node_timeout=NODE_TIMEOUT, **kwargs)
 
 
+def _values(cluster: RedisCluster, key: str) -> list[Any]:
+    return [c.get(key) for c in _clients(cluster)]
+
+
+def _settled(cluster: RedisCluster, key: str, expected: list[Any]) -> None:
+    """Wait until every node holds ``expected`` under ``key``: a round returns at
+    quorum, the other nodes' copies follow."""
+    settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")
+
+
 def _overwrite(cluster: RedisCluster, key: str, nodes: int = 5) -> None:
     for client in _clients(cluster)[:nodes]:
         client.set(key, FOREIGN, px=int(KEY_TTL * 1000))
@@ -197,7 +208,7 @@ def test_contention_names_the_holder_and_the_loser_gets_nothing(
     assert caught.value.ttl is not None and 0 < caught.value.ttl <= KEY_TTL
     assert second.acquire("named", blocking=False) is None
     assert second.holder("named").holder == "task-1@worker-a:42"
-    assert [c.get("named") for c in _clients(redis_nodes)] == [lease.value.encode()] * 5
+    _settled(redis_nodes, "named", [lease.value.encode()] * 5)
     assert lease.release() is True
     assert second.holder("named").holder is None
 
@@ -228,7 +239,8 @@ def test_extend_pushes_expiry_and_an_expired_holder_cannot_touch_the_next(
     redlock = make(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("ext")
     assert lease.extend(KEY_TTL) is True
-    assert all(c.pttl("ext") > 10_000 for c in _clients(redis_nodes))
+    clients = _clients(redis_nodes)
+    until(lambda: all(c.pttl("ext") > 10_000 for c in clients), "the extension on every node")
     _overwrite(redis_nodes, "ext")  # as if it had expired and another took it
     assert lease.extend() is False
     assert lease.lost and not lease.held
@@ -253,11 +265,12 @@ def test_queries_tokens_and_operators_deletions(make: Make, redis_nodes: RedisCl
     assert other.extend_value("q", f"{TOKEN}|someone:2") is False
     assert other.release_value("q", lease.value) is True
     assert lease.owned() is False
-    other.acquire("a:1")
-    other.acquire("a:2")
-    assert redlock.force_release("a:1") == 5
+    for key in ("a:1", "a:2"):
+        _settled(redis_nodes, key, [other.acquire(key).value.encode()] * 5)
+    assert redlock.force_release("a:1") == 5  # every node had it
     assert redlock.clear("a:*") == 1
-    assert all(c.keys("a:*") == [] for c in _clients(redis_nodes))
+    clients = _clients(redis_nodes)
+    until(lambda: all(c.keys("a:*") == [] for c in clients), "a:* cleared on every node")
 
 
 @pytest.mark.parametrize("down", [1, 2])
@@ -266,8 +279,12 @@ def test_a_minority_down_still_grants(make: Make, redis_nodes: RedisCluster, dow
         server.kill()
     lease = make(redis_nodes.urls, ttl=KEY_TTL, node_timeout=0.5).acquire("minority")
     assert lease is not None
-    values = [s.client().get("minority") for s in list(redis_nodes)[down:]]
-    assert values == [lease.value.encode()] * (5 - down)
+    live = [s.client() for s in list(redis_nodes)[down:]]
+    settles(
+        lambda: [c.get("minority") for c in live],
+        [lease.value.encode()] * (5 - down),
+        "the key on every live node",
+    )
     assert lease.release() is True
 
 
@@ -294,7 +311,7 @@ def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
     with redlock.lock("kept") as lease:
         assert lease.held
     assert lease.released
-    assert all(c.get("kept") is None for c in _clients(redis_nodes))
+    _settled(redis_nodes, "kept", [None] * 5)
     holder = _lock(make, redis_nodes).acquire("busy")
     with pytest.raises(LockContended), redlock.lock("busy", blocking=False):
         pass
@@ -363,6 +380,10 @@ def _holds(cluster: RedisCluster, key: str, value: str) -> list[int]:
     return [int(c.scard(reentry_holds(key, value))) for c in _clients(cluster)]
 
 
+def _settled_holds(cluster: RedisCluster, key: str, value: str, expected: list[int]) -> None:
+    settles(lambda: _holds(cluster, key, value), expected, f"the holds of {key!r} on every node")
+
+
 def test_a_held_key_raises_already_held_at_once_without_reentrant(
     make: Make, redis_nodes: RedisCluster
 ) -> None:
@@ -395,15 +416,16 @@ def test_reentrant_holds_are_counted_on_the_nodes_and_the_last_release_frees(
         assert inner.value == innermost.value == outer.value
         assert inner.fence == outer.fence
         assert inner.deadline <= outer.deadline
-        assert _holds(redis_nodes, "report", outer.value) == [3] * 5
+        _settled_holds(redis_nodes, "report", outer.value, [3] * 5)
         assert inner.release() is True  # any order
-        assert [c.get("report") for c in _clients(redis_nodes)] == [outer.value.encode()] * 5
+        _settled_holds(redis_nodes, "report", outer.value, [2] * 5)
+        assert _values(redis_nodes, "report") == [outer.value.encode()] * 5
         assert redlock.elsewhere("acquire", "report", blocking=False) is None
         assert innermost.extend() is True
         assert _holds(redis_nodes, "report", outer.value) == [2] * 5
         assert innermost.release() is True
-        assert _holds(redis_nodes, "report", outer.value) == [1] * 5
-    assert [c.get("report") for c in _clients(redis_nodes)] == [None] * 5
+        _settled_holds(redis_nodes, "report", outer.value, [1] * 5)
+    _settled(redis_nodes, "report", [None] * 5)
     other = redlock.elsewhere("acquire", "report", blocking=False)
     assert other is not None and other.release() is True
 
@@ -414,6 +436,7 @@ def test_a_hold_never_shortens_the_key_and_extends_keep_it(
     redlock = _lock(make, redis_nodes)
     outer = redlock.acquire("long", ttl=KEY_TTL)
     inner = redlock.acquire("long", ttl=2, reentrant=True)
+    _settled_holds(redis_nodes, "long", outer.value, [2] * 5)  # every node took both
     assert inner.extend(ttl=2) is True
     # The outer hold's 30 s still stand on every node (pttl in ms), holds set too.
     assert all(c.pttl("long") > 2000 for c in _clients(redis_nodes))
@@ -426,10 +449,10 @@ def test_operators_deletions_and_hand_over_end_the_record(
     make: Make, redis_nodes: RedisCluster
 ) -> None:
     redlock = _lock(make, redis_nodes)
-    redlock.acquire("op:1")
-    redlock.acquire("op:2")
+    for key in ("op:1", "op:2"):
+        _settled(redis_nodes, key, [redlock.acquire(key).value.encode()] * 5)
     given = redlock.acquire("given")
-    assert redlock.force_release("op:1") == 5
+    assert redlock.force_release("op:1") == 5  # every node had it
     assert redlock.clear("op:*") == 1
     redlock.hand_over(given)  # its value went to another execution
     assert redlock.release_value("given", given.value) is True
@@ -447,7 +470,7 @@ def test_a_set_of_keys_is_taken_whole_or_not_at_all(make: Make, redis_nodes: Red
     lease = redlock.acquire(["set:b", "set:a"])
     assert lease.keys == ("set:a", "set:b") and lease.key == "set:a+set:b"
     for key in lease.keys:
-        assert [c.get(key) for c in clients] == [lease.value.encode()] * 5
+        _settled(redis_nodes, key, [lease.value.encode()] * 5)
     assert other.acquire(["set:a", "set:c"], blocking=False) is None  # overlaps: none
     assert all(c.get("set:c") is None for c in clients)
     with pytest.raises(LockContended, match="set:a\\+set:c"):
@@ -458,6 +481,7 @@ def test_a_set_of_keys_is_taken_whole_or_not_at_all(make: Make, redis_nodes: Red
         redlock.acquire(["set:a", "set:b"], reentrant=True)
     assert lease.extend() is True and lease.owned() is True
     assert lease.release() is True
-    assert all(c.get(k) is None for c in clients for k in ("set:a", "set:b"))
+    for key in lease.keys:
+        _settled(redis_nodes, key, [None] * 5)
     both = other.acquire(["set:a", "set:c"], blocking=False)
     assert both is not None and other.release_value(["set:c", "set:a"], both.value) is True
