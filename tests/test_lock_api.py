@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
+from observe import settles, until
 
 from celery_redlock import ConfigurationError, Lease, LockLost, QuorumUnavailable, Redlock
 from celery_redlock.holders import fence_counter, tombstone
@@ -26,6 +27,16 @@ def _clients(cluster: RedisCluster) -> list[redis.Redis]:
 
 def _lock(cluster: RedisCluster, **kwargs: Any) -> Redlock:
     return Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, **kwargs)
+
+
+def _values(cluster: RedisCluster, key: str) -> list[Any]:
+    return [c.get(key) for c in _clients(cluster)]
+
+
+def _settled(cluster: RedisCluster, key: str, expected: list[Any]) -> None:
+    """Wait until every node holds ``expected`` under ``key``: a round returns at
+    quorum, the other nodes' copies follow."""
+    settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")
 
 
 def _overwrite(cluster: RedisCluster, key: str) -> None:
@@ -54,7 +65,7 @@ def test_release_is_true_when_a_quorum_deleted_and_false_once_released(
     assert lease is not None
     assert lease.release() is True
     assert lease.release() is False  # idempotent: nothing sent, nothing released
-    assert all(c.get("rel") is None for c in _clients(redis_nodes))
+    _settled(redis_nodes, "rel", [None] * 5)
 
 
 def test_release_of_a_lease_another_holder_took_is_false_and_leaves_it(
@@ -73,7 +84,11 @@ def test_release_value_of_an_absent_key_is_false_and_still_leaves_tombstones(
     value = f"{TOKEN}|elsewhere:1"
     assert _lock(redis_nodes).release_value("never", value) is False
     # A late SET of that value must still be refused: the tombstones are there.
-    assert all(c.exists(tombstone("never", value)) for c in _clients(redis_nodes))
+    settles(
+        lambda: [c.exists(tombstone("never", value)) for c in _clients(redis_nodes)],
+        [1] * 5,
+        "a tombstone on every node",
+    )
 
 
 def test_release_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisCluster) -> None:
@@ -139,13 +154,15 @@ def test_a_caller_chosen_token_lets_another_lock_extend_and_release(
     )
     assert lease is not None and lease.token == TOKEN
     assert lease.value == f"{TOKEN}|first:1"
+    _settled(redis_nodes, "handed", [lease.value.encode()] * 5)  # no 5 s SET on its way
     elsewhere = _lock(redis_nodes)
     assert elsewhere.extend_value("handed", lease.value, ttl=KEY_TTL) is True
-    assert all(c.pttl("handed") > 10_000 for c in _clients(redis_nodes))
+    clients = _clients(redis_nodes)
+    until(lambda: all(c.pttl("handed") > 10_000 for c in clients), "the extension everywhere")
     assert elsewhere.extend_value("handed", f"{TOKEN}|someone:2") is False
     assert elsewhere.release_value("handed", lease.value) is True
     assert elsewhere.extend_value("handed", lease.value) is False
-    assert all(c.get("handed") is None for c in _clients(redis_nodes))
+    _settled(redis_nodes, "handed", [None] * 5)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +228,8 @@ def test_force_release_deletes_whoever_holds_it_and_keeps_the_fence(
     redlock = _lock(redis_nodes, fencing=True)
     first = redlock.acquire("stuck")
     assert first is not None and first.fence is not None
-    assert redlock.force_release("stuck") == 5
+    _settled(redis_nodes, "stuck", [first.value.encode()] * 5)
+    assert redlock.force_release("stuck") == 5  # it waits for every node
     assert redlock.force_release("stuck") == 0
     assert all(c.exists(fence_counter("stuck")) for c in _clients(redis_nodes))
     second = redlock.acquire("stuck", blocking=False)
@@ -223,7 +241,9 @@ def test_force_release_deletes_whoever_holds_it_and_keeps_the_fence(
 def test_clear_deletes_matching_lock_keys_only(redis_nodes: RedisCluster) -> None:
     redlock = _lock(redis_nodes, fencing=True)
     for name in ("job:1", "job:2", "job:3", "other"):
-        assert redlock.acquire(name) is not None
+        lease = redlock.acquire(name)
+        assert lease is not None
+        _settled(redis_nodes, name, [lease.value.encode()] * 5)  # no SET left on its way
     assert redlock.clear("job:*") == 3
     for client in _clients(redis_nodes):
         assert client.exists("job:1", "job:2", "job:3") == 0
