@@ -17,6 +17,7 @@ from typing import Any, Callable, TypeVar
 
 import pytest
 import redis
+from observe import until
 from test_tls_acl import TLSNode, _urls, _values, certs, tls, tls_nodes
 
 from celery_redlock import (
@@ -106,7 +107,8 @@ def test_auto_extend_keeps_a_short_lease_past_its_ttl(redis_nodes: RedisCluster)
             on = sum(c.get("long") == lease.value.encode() for c in clients)
             assert lease.held and on >= 3
         assert lease.released
-        assert _gone(clients, "long")()
+        # The release returned at quorum: the other nodes' deletes follow.
+        await _until(_gone(clients, "long"), RELEASED_WITHIN, "released on every node")
 
     run(scenario())
 
@@ -121,7 +123,7 @@ def test_a_lease_lost_during_an_auto_extended_block_raises_lock_lost_on_leaving(
                 for client in _clients(redis_nodes):
                     client.set("stolen", FOREIGN, px=int(KEY_TTL * 1000))
                 # The next renewal (at ttl/3) is refused by every node: lost at once.
-                await _until(lambda: lease.lost, 3.0, "the renewal marked it lost")
+                await _until(lambda: lease.lost, RELEASED_WITHIN, "the renewal marked it lost")
         assert [c.get("stolen") for c in _clients(redis_nodes)] == [FOREIGN] * 5
 
     run(scenario())
@@ -138,7 +140,8 @@ def test_async_with_a_lease_releases_it_and_sync_with_is_refused(
             pass
         async with lease:
             assert await lease.owned() is True
-        assert lease.released and _gone(_clients(redis_nodes), "plain")()
+        assert lease.released
+        await _until(_gone(_clients(redis_nodes), "plain"), RELEASED_WITHIN, "released")
 
     run(scenario())
 
@@ -217,12 +220,16 @@ def test_a_cancelled_blocking_wait_takes_nothing(redis_nodes: RedisCluster) -> N
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         holder = await redlock.acquire("wait", holder="first:1")
         assert holder is not None
+        value = holder.value.encode()
+        await _until(
+            lambda: [c.get("wait") for c in clients] == [value] * 5, RELEASED_WITHIN, "held"
+        )
         task = asyncio.ensure_future(redlock.acquire("wait", timeout=KEY_TTL))
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert [c.get("wait") for c in clients] == [holder.value.encode()] * 5
+        assert [c.get("wait") for c in clients] == [value] * 5
         assert await holder.release() is True
 
     run(scenario())
@@ -256,14 +263,20 @@ def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisCluster) ->
 
         async def one(i: int) -> str:
             lease = await redlock.try_acquire(f"many:{i}", blocking=False)
-            await asyncio.sleep(0)
-            assert [c.get(f"many:{i}") for c in clients] == [lease.value.encode()] * 5
+            value = lease.value.encode()
+            await _until(  # the round returned at quorum: the other SETs follow
+                lambda: [c.get(f"many:{i}") for c in clients] == [value] * 5,
+                RELEASED_WITHIN,
+                f"many:{i} on every node",
+            )
             assert await lease.release() is True
             return lease.value
 
         values = await asyncio.gather(*(one(i) for i in range(40)))
         assert len(set(values)) == 40
-        assert all(c.keys("many:*") == [] for c in clients)
+        await _until(
+            lambda: all(c.keys("many:*") == [] for c in clients), RELEASED_WITHIN, "all released"
+        )
 
     run(scenario())
 
@@ -313,7 +326,7 @@ def test_a_restarted_node_is_reconnected_on_a_later_round(redis_nodes: RedisClus
         assert lease is not None
         # Later rounds reach all five again, on fresh connections.
         value = lease.value.encode()
-        await _until(lambda: [c.get("r") for c in clients] == [value] * 5, 10.0, "all 5")
+        await _until(lambda: [c.get("r") for c in clients] == [value] * 5, RELEASED_WITHIN, "all 5")
 
     run(scenario())
 
@@ -341,7 +354,9 @@ def test_password_and_db_from_the_url(redis_server_factory: Callable[..., RedisS
     async def scenario() -> None:
         lease = await AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT).acquire("db3")
         assert lease is not None
-        assert [s.client(db=3).get("db3") for s in servers] == [lease.value.encode()] * 3
+        value = lease.value.encode()
+        db3 = [s.client(db=3) for s in servers]
+        await _until(lambda: [c.get("db3") for c in db3] == [value] * 3, RELEASED_WITHIN, "db 3")
         assert [s.client(db=0).get("db3") for s in servers] == [None] * 3
         wrong = [u.replace("s3cret-pass", "wrong") for u in urls]
         with pytest.raises(QuorumUnavailable, match=r"WRONGPASS|invalid"):
@@ -357,7 +372,8 @@ def test_tls_nodes(tls: list[TLSNode], certs: Any) -> None:
         redlock = AsyncRedlock(_urls(tls, ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         lease = await redlock.acquire("tls:async", holder="api:3")
         assert lease is not None
-        assert _values(tls, "tls:async") == [lease.value.encode()] * 3
+        value = lease.value.encode()
+        await _until(lambda: _values(tls, "tls:async") == [value] * 3, RELEASED_WITHIN, "all 3")
         assert (await redlock.holder("tls:async")).holder == "api:3"
         assert await lease.release() is True
         untrusted = AsyncRedlock(_urls(tls, certs.other_ca), node_timeout=NODE_TIMEOUT)
@@ -376,7 +392,7 @@ def test_one_lock_serves_successive_event_loops(redis_nodes: RedisCluster) -> No
 
     run(take_and_release())
     run(take_and_release())  # the first loop's connections are closed: fresh ones
-    assert _gone(_clients(redis_nodes), "loops")()
+    until(_gone(_clients(redis_nodes), "loops"), "released on every node", RELEASED_WITHIN)
 
 
 # -- reentrancy: the execution is the asyncio Task -------------------------------------------
