@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
+from observe import until
 from test_tls_acl import MINIMAL_ACL, acl_cluster, acl_nodes, set_user
 from test_wake import (
     HANG_GUARD,
@@ -103,6 +104,11 @@ def test_every_kind_of_release_wakes_the_waiting_task(redis_nodes: RedisCluster,
         for name in wanted:
             await _until(_subscribed(urls, name))
         if how == "force_release":
+            # It counts the nodes that deleted the key (it waits for every node):
+            # from the holder's key on every node, not only the acquire's quorum.
+            clients = [s.client() for s in redis_nodes]
+            value = held.value.encode()
+            await _until(lambda: [c.get(key) for c in clients] == [value] * len(urls))
             assert await asyncio.to_thread(holder.force_release, key) == len(urls)
         else:
             assert await asyncio.to_thread(held.release)
@@ -146,7 +152,8 @@ def test_a_cancelled_waiting_acquire_leaves_no_subscription_and_no_task(
         assert asyncio.all_tasks() == before
 
     asyncio.run(main())
-    assert all(c.get("cancelled") is None for c in (s.client() for s in redis_nodes))
+    clients = [s.client() for s in redis_nodes]  # the release returned at quorum
+    until(lambda: all(c.get("cancelled") is None for c in clients), "released on every node")
 
 
 def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisCluster) -> None:
