@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from observe import settles
 
 from bench import scale_handoff, scale_report
 from bench.scale_tasks import _busy_share, _overlaps, _rank_correlation
@@ -26,7 +27,12 @@ def test_handoff_measure_takes_every_sample_through_the_public_api(
     result = scale_handoff.measure(cluster.urls, 3, "bench-test:handoff")
     assert (result["samples"], result["missed"], result["nodes"]) == (3, 0, 3)
     assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["max_ms"]
-    assert [server.client().exists("bench-test:handoff") for server in cluster] == [0, 0, 0]
+    clients = [server.client() for server in cluster]  # the last release returned at quorum
+    settles(
+        lambda: [c.exists("bench-test:handoff") for c in clients],
+        [0, 0, 0],
+        "the key released on every node",
+    )
 
 
 def test_busy_share_and_overlaps_come_from_the_body_spans() -> None:
