@@ -44,6 +44,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -66,6 +67,9 @@ from tools.faultlab.oracle import (
 )
 
 pytestmark = pytest.mark.slow
+
+#: How long a healed partition may take to grant again: a hang guard, not a speed claim.
+HEAL_WITHIN = 30.0
 
 
 # -- the tests ----------------------------------------------------------------------
@@ -236,13 +240,14 @@ def test_nodes_blackholed_then_healed_answer_again(lab: Lab) -> None:
         redlock.acquire("during", blocking=False)
     for proxy in proxies[:3]:
         proxy.heal()
-    granted = None
-    for attempt in range(20):  # 20 x node_timeout: plenty for 3 reconnects
+    # Tried until won: the three reconnects take what they take on a busy machine;
+    # HEAL_WITHIN is a hang guard, not a speed claim.
+    granted, attempts, give_up = None, 0, time.monotonic() + HEAL_WITHIN
+    while granted is None:
+        assert time.monotonic() < give_up, f"{attempts} attempts in {HEAL_WITHIN} s after the heal"
+        attempts += 1
         with contextlib.suppress(QuorumUnavailable):
-            granted = redlock.acquire(f"after:{attempt}", blocking=False)
-        if granted is not None:
-            break
-    assert granted is not None, "20 attempts after the heal, still no quorum"
+            granted = redlock.acquire(f"after:{attempts}", blocking=False)
 
 
 def test_holder_wall_clock_an_hour_off_does_not_change_validity(

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import multiprocessing
 import os
 import signal
 import sqlite3
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from observe import settles
 
 from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.fencing import fence_key, fenced_set, sql_fenced_update
@@ -53,11 +56,33 @@ def _paused_holder(urls: list[str], store_url: str, db_path: Path, conn: Any) ->
     # SIGUSR1 writes every thread's stack next to the database: what a holder that
     # never answers was doing (see _stacks).
     faulthandler.register(signal.SIGUSR1, file=open(_stack_file(db_path), "w"))  # noqa: SIM115
-    lease = Redlock(urls, ttl=TTL, node_timeout=NODE_TIMEOUT, fencing=True).acquire("fenced-report")
-    assert lease is not None and lease.fence is not None
-    conn.send(("acquired", lease.fence, _write(store_url, db_path, "A-first", lease.fence)))
-    assert conn.recv() == "write"  # the parent SIGSTOPs us before it sends this
-    conn.send(("stale", _write(store_url, db_path, "A-stale", lease.fence), lease.held))
+    try:
+        redlock = Redlock(urls, ttl=TTL, node_timeout=NODE_TIMEOUT, fencing=True)
+        lease = redlock.acquire("fenced-report")
+        assert lease is not None and lease.fence is not None
+        conn.send(("acquired", lease.fence, _write(store_url, db_path, "A-first", lease.fence)))
+        assert conn.recv() == "write"  # the parent SIGSTOPs us before it sends this
+        conn.send(("stale", _write(store_url, db_path, "A-stale", lease.fence), lease.held))
+    except BaseException:
+        # The parent fails with what went wrong here, not with "never answered".
+        conn.send(("failed", traceback.format_exc()))
+        raise
+
+
+def _reply(conn: Any, holder: Any, db_path: Path, awaited: str) -> tuple[Any, ...]:
+    """The holder's next message; fails with its traceback if it failed instead, with
+    its exit code if it died without a word, or with its stacks if it hangs."""
+    assert conn.poll(CHILD_REPLY_WITHIN), (
+        f"the holder never {awaited}; its stacks:\n{_stacks(db_path, holder.pid)}"
+    )
+    try:
+        message: tuple[Any, ...] = conn.recv()
+    except EOFError:  # the parent holds no copy of the child's end: EOF means it exited
+        holder.join(5)
+        pytest.fail(f"the holder exited (code {holder.exitcode}) before it {awaited}")
+    if message[0] == "failed":
+        pytest.fail(f"the holder failed before it {awaited}:\n{message[1]}")
+    return message
 
 
 def _stack_file(db_path: Path) -> Path:
@@ -92,11 +117,9 @@ def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
             target=_paused_holder, args=(redis_nodes.urls, store.url, db_path, child_end)
         )
         holder.start()
+        child_end.close()  # the child's copy only: a holder that dies reads as EOF here
         try:
-            assert parent_end.poll(CHILD_REPLY_WITHIN), (
-                f"the holder never acquired; its stacks:\n{_stacks(db_path, holder.pid)}"
-            )
-            tag, f1, first = parent_end.recv()
+            tag, f1, first = _reply(parent_end, holder, db_path, "acquired")
             assert tag == "acquired" and first == (True, True)
             assert holder.pid is not None
             os.kill(holder.pid, signal.SIGSTOP)
@@ -111,10 +134,7 @@ def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
             assert _write(store.url, db_path, "B", f2) == (True, True)
             os.kill(holder.pid, signal.SIGCONT)
             parent_end.send("write")
-            assert parent_end.poll(CHILD_REPLY_WITHIN), (
-                f"the resumed holder never wrote; its stacks:\n{_stacks(db_path, holder.pid)}"
-            )
-            tag, stale, still_held = parent_end.recv()
+            tag, stale, still_held = _reply(parent_end, holder, db_path, "wrote once resumed")
             assert still_held is False  # the resumed holder sees its lease lost
             stale_accepted += sum(stale)
             lease.release()
@@ -236,10 +256,18 @@ def test_fence_counters_expire_a_week_after_their_last_fence_and_fences_still_ri
         fences.append(lease.fence)
         for client in clients:  # on every node (all three granted), for every key
             for key in keys:
+                # The acquire returned at quorum: the third node's fence may follow.
+                counter = functools.partial(_counter, client, fence_counter(key))
+                settles(counter, lease.fence, f"{key}'s fence counter on {client}")
                 pttl = client.pttl(fence_counter(key))
                 assert 0 < pttl <= FENCE_COUNTER_TTL * 1000, (key, pttl)
-                assert int(client.get(fence_counter(key)) or 0) == lease.fence
         assert lease.release() is True
+        # Released everywhere before the next acquire, which every node must grant.
+        settles(lambda: sum(client.exists(*keys) for client in clients), 0, f"{keys} released")
         for client in clients:  # the counters expired
             client.delete(*[fence_counter(key) for key in keys])
     assert fences[1] > fences[0]
+
+
+def _counter(client: Any, counter: str) -> int:
+    return int(client.get(counter) or 0)

@@ -207,7 +207,11 @@ def test_hung_sentinels_cost_the_round_its_deadline_not_a_hang(group: RedisSenti
 
 @pytest.mark.slow
 def test_doctor_ls_and_show_take_a_sentinel_url(group: RedisSentinelGroup) -> None:
-    lease = Redlock([group.url]).acquire("redlock:sentinel:cli", ttl=30, blocking=False)
+    # Its round includes asking a Sentinel for the master: a deadline no loaded
+    # machine misses, not the default 50 ms.
+    lease = Redlock([group.url], node_timeout=0.5).acquire(
+        "redlock:sentinel:cli", ttl=30, blocking=False
+    )
     assert lease is not None
     try:
         app = conf_app(redlock_nodes=[group.url])
@@ -267,6 +271,9 @@ def test_a_worker_on_a_sentinel_broker_locks_on_its_master_by_default(
         broker_transport_options=group.transport_options,
         broker_connection_retry_on_startup=True,
         task_create_missing_queues=True,
+        # The task's acquire is one round (its Sentinel is asked for the master
+        # first): a deadline no loaded machine misses, not the default 50 ms.
+        redlock_node_timeout=0.5,
     )
     assert app_config(app).nodes == (group.url,)
     running = threading.Event()

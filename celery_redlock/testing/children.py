@@ -67,15 +67,25 @@ def process_state(pid: int) -> Optional[str]:
     return fields[fields.rindex(b")") + 2 :][:1].decode()
 
 
-def wait_for_state(pid: int, stopped: bool) -> None:
-    """Wait (up to 1 s) until ``pid`` is stopped, or running again.
+#: How long :func:`wait_for_state` waits before it gives up: a hang guard, not a
+#: speed claim (a signal is delivered within a scheduler tick or so, even under load).
+STATE_WITHIN = 30.0
+
+
+def wait_for_state(pid: int, stopped: bool, within: float = STATE_WITHIN) -> None:
+    """Wait until ``pid`` is stopped, or running again; raise ``TimeoutError`` naming
+    the last state seen if it is not so after ``within`` seconds.
 
     SIGSTOP and SIGCONT are delivered asynchronously; a test that pauses a server
-    and then sends a command must not find it still answering.
+    and then sends a command must not find it still answering. A process that is
+    gone (or a system without /proc) ends the wait at once: there is nothing to see.
     """
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
+    give_up = time.monotonic() + within
+    while True:
         state = process_state(pid)
         if state is None or (state == "T") == stopped:
             return
+        if time.monotonic() >= give_up:
+            wanted = "stopped" if stopped else "running again"
+            raise TimeoutError(f"process {pid} not {wanted} after {within} s (state {state!r})")
         time.sleep(0.001)
