@@ -1,13 +1,14 @@
 """Lock rounds under a busy gevent or eventlet hub, in a process of their own.
 
-    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative]
+    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative] [node_timeout=S]
     python tests/green_rounds.py gevent|eventlet URL[,URL...] lost
 
 Monkey-patches the whole process first (as ``celery worker -P gevent|eventlet``
-does), then starts one greenlet that computes for 2 s in 100 ms slices and yields in
-between (CPU-heavy but cooperative work, two default node_timeouts a slice), and ``count``
+does), then starts one greenlet that computes for about 2 s in slices of two node_timeouts
+(100 ms by default) and yields in between (CPU-heavy but cooperative work), and ``count``
 greenlets (default 50) that each try once to acquire a key of their own on the given
-nodes, with the default node_timeout. Prints one JSON line: ``won``, ``unavailable``
+nodes, with the default node_timeout (or ``node_timeout=S``; the slices stay two of
+it). Prints one JSON line: ``won``, ``unavailable``
 (QuorumUnavailable while every node is healthy: a false outage), ``errors`` (any other
 exception, as text), ``slowest_s`` (the slowest acquire, from its call to its return)
 and ``mean_s``. By default rounds use unpatched sockets and never yield, so an
@@ -45,9 +46,16 @@ from typing import Any, Callable  # noqa: E402
 
 from celery_redlock import LockLost, QuorumUnavailable, Redlock, unpatched  # noqa: E402
 
-#: Seconds each slice of the busy greenlet computes before it yields, and how many.
-SLICE = 0.1
-SLICES = 20
+#: ``node_timeout=S`` (after ``count``): the rounds' node_timeout, the default unless given.
+NODE_TIMEOUT = float(
+    next((a.split("=", 1)[1] for a in sys.argv[4:] if a.startswith("node_timeout=")), 0.05)
+)
+#: Seconds each slice of the busy greenlet computes before it yields (two node_timeouts),
+#: and how many (about 2 s of work).
+SLICE = 2 * NODE_TIMEOUT
+SLICES = max(2, round(2.0 / SLICE))
+#: Seconds ``lost`` waits for each event before it reports it missing: a hang guard.
+GUARD = 30.0
 
 
 def _spawn_and_wait(functions: list[Callable[[], None]]) -> None:
@@ -65,7 +73,7 @@ def _spawn_and_wait(functions: list[Callable[[], None]]) -> None:
 
 
 def main(urls: list[str], count: int) -> dict[str, Any]:
-    lock = Redlock(urls, ttl=10)
+    lock = Redlock(urls, ttl=10, node_timeout=NODE_TIMEOUT)
     report: dict[str, Any] = {"won": 0, "unavailable": 0, "errors": [], "slowest_s": 0.0}
     took: list[float] = []
     prefix = f"green-rounds:{time.time_ns()}"
@@ -116,12 +124,18 @@ def lost(urls: list[str]) -> dict[str, Any]:
         for url in urls:
             redis.Redis.from_url(url).delete(lease.key)
         deleted = time.monotonic()
-        while lease.held and time.monotonic() < deleted + 5.0:
+        while lease.held and time.monotonic() < deleted + GUARD:
             pass  # computes without yielding: only an OS thread can mark it lost
         seen["held_false_after_s"] = None if lease.held else time.monotonic() - deleted
         seen["yielded"] = True
-        time.sleep(0.05)  # patched: yields, and the hub runs the handed-over callback
+        # Patched sleeps yield: the hub runs the callback once the renewal thread has
+        # handed it over (it may find the loss after the validity ran out).
+        give_up = time.monotonic() + GUARD
+        while "callback_thread_is_hub" not in seen and time.monotonic() < give_up:
+            time.sleep(0.01)
     seen.pop("yielded")
+    seen.setdefault("callback_before_yield", None)  # None: never called within the guard
+    seen.setdefault("callback_thread_is_hub", None)
     return seen
 
 

@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from observe import settles
 
 from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServerFactory, wait_all_ready
 
@@ -89,18 +90,33 @@ def test_two_database_beats_send_each_tick_once(
                 break
             assert time.monotonic() < deadline, f"ticks seen so far: {runs}"
             time.sleep(0.1)
-        per_tick = Counter(int(tick) for tick, _ in runs)  # "None" would fail here
-        judged = sorted(per_tick)[:-1]
+        last = sorted(int(tick) for tick, _ in runs)[-1]  # may still be arriving
+        first = sorted(int(tick) for tick, _ in runs)[0]
+
+        def ran() -> Counter[int]:
+            return Counter(int(line.split()[0]) for line in observer.lrange("runs", 0, -1))
+
+        def sent_not_run() -> list[int]:
+            sent = {tick for beat in beats for tick in _ticks(beat, ANY_OUTCOME)}
+            return sorted(t for t in range(first, last) if t in sent and t not in ran())
+
+        # A tick a beat logged as sent (won, or found taken) runs; one none did (each
+        # logged it missed, or a loaded machine held it past the whole period: beat
+        # does not catch a tick up) may be missing. None runs twice.
+        none: list[int] = []
+        settles(sent_not_run, none, "ticks a beat logged as sent that never ran")
+        per_tick = ran()  # "None" would fail here
+        judged = [tick for tick in sorted(per_tick) if tick < last]
         assert {tick: per_tick[tick] for tick in judged} == dict.fromkeys(judged, 1)
-        assert judged == list(range(judged[0], judged[0] + len(judged)))  # none missed
         won = Counter(tick for beat in beats for tick in _ticks(beat, "won"))
         assert all(won[tick] == 1 for tick in judged), won
-        # Once both had started, both looked at every tick: one won it, the other
-        # found it taken.
+        # Once both had started, each beat looked at a tick at most once; of those both
+        # looked at, one won it and the other found it taken.
         both = [tick for tick in judged if tick >= max(seen[0] for seen in looked)]
         assert len(both) >= 2, looked
-        for beat, seen in zip(beats, looked):
-            assert set(both) <= set(seen), (beat.name, seen)
+        for beat in beats:
+            seen = _ticks(beat, ANY_OUTCOME + "|not sent: [^:]+")
+            assert len(seen) == len(set(seen)), (beat.name, seen)
     finally:
         for process in processes:
             process.kill()

@@ -36,10 +36,16 @@ def recorder() -> Iterator[Recorder]:
         yield rec
 
 
+#: For the app and the test's own holders: healthy nodes answer well within it, loaded or not.
+NODE_TIMEOUT = 0.5
+
+
 def _eager_app(nodes: RedisCluster, propagates: bool) -> Celery:
-    """Default lock settings (1 s first backoff, 20 lock retries), nodes only."""
+    """Default lock settings (1 s first backoff, 20 lock retries) but a node_timeout
+    no scheduler hiccup of a loaded machine reaches: a healthy node must never look down."""
     app = Celery("eager", set_as_current=False)
     app.conf.redlock_nodes = nodes.urls
+    app.conf.redlock_node_timeout = NODE_TIMEOUT
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = propagates
     return app
@@ -86,7 +92,9 @@ def test_a_contended_copy_waits_inline_for_the_holder_then_runs(
     ran: list[float] = []
     job = _job(_eager_app(redis_nodes, propagates), ran)
     key = job.lock_key((7,))
-    holder = Redlock(redis_nodes.urls).acquire(key, ttl=30, holder="other-thread")
+    holder = Redlock(redis_nodes.urls, node_timeout=NODE_TIMEOUT).acquire(
+        key, ttl=30, holder="other-thread"
+    )
     assert holder is not None
     released_at: list[float] = []
 
@@ -116,8 +124,9 @@ def test_the_inline_wait_ends_after_the_holders_ttl(
     ran: list[float] = []
     job = _job(_eager_app(redis_nodes, propagates), ran, redlock_on_retries_exhausted=exhausted)
     key = job.lock_key((8,))
-    ttl = 1.0
-    with Redlock(redis_nodes.urls).lock(key, ttl=ttl, auto_extend=True, holder="renewing"):
+    ttl = 3.0  # renewed every ttl/3: a renewal round has room to spare under load
+    holder = Redlock(redis_nodes.urls, node_timeout=NODE_TIMEOUT)
+    with holder.lock(key, ttl=ttl, auto_extend=True, holder="renewing"):
         began = time.monotonic()
         outcome = _outcome(lambda: job.delay(8), propagates)
         waited = time.monotonic() - began

@@ -27,6 +27,8 @@ def broker(redis_server_factory: Any) -> RedisServer:
 def app(broker: RedisServer, redis_nodes: RedisCluster) -> Celery:
     app = Celery("queue_once", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.redlock_nodes = redis_nodes.urls
+    # Healthy nodes must never look down: a node_timeout no scheduler hiccup reaches.
+    app.conf.redlock_node_timeout = 0.5
     app.conf.task_default_queue = QUEUE
     app.conf.worker_prefetch_multiplier = 1
     return app

@@ -301,10 +301,16 @@ def test_an_acl_user_with_channel_rights_is_woken(
     assert not _denied_pubsub(acl_nodes[0])  # nothing of pub/sub was denied
 
 
+#: The herd's guard for every waiter to listen (spawning 6 interpreters on a loaded machine).
+HERD_GUARD = HANG_GUARD * 4
+
+
 def _queue_up(urls: list[str], observer_url: str, key: str, name: str) -> None:
     redlock = _waiter(urls)
     observer = redis.Redis.from_url(observer_url)
-    lease = redlock.acquire(key, timeout=HANG_GUARD, holder=name)
+    # Past the test's guard for the whole herd to listen, and then for the turns: a
+    # waiter that listened first must not give up while the test still waits for others.
+    lease = redlock.acquire(key, timeout=2 * HERD_GUARD, holder=name)
     assert lease is not None, name
     if observer.incr("occupancy") != 1:
         observer.incr("overlaps")
@@ -329,10 +335,10 @@ def test_many_waiters_each_get_the_key_once_in_turn(
         for proc in procs:
             proc.start()
         # Every waiter listens before the first release: only wakes move them on.
-        _until(_subscribed(redis_nodes.urls, "herd", waiters), guard=HANG_GUARD * 4)
+        _until(_subscribed(redis_nodes.urls, "herd", waiters), guard=HERD_GUARD)
         assert first.release()
         for proc in procs:
-            proc.join(HANG_GUARD * 2)
+            proc.join(2 * HERD_GUARD)  # each waiter's own timeout
         assert [proc.exitcode for proc in procs] == [0] * waiters
         client = observer.client()
         order = [n.decode() if isinstance(n, bytes) else n for n in client.lrange("order", 0, -1)]
@@ -341,18 +347,26 @@ def test_many_waiters_each_get_the_key_once_in_turn(
 
 
 _GREEN_WAIT = """
-import sys
+import sys, time
 {patch}
+import redis
 from celery_redlock import Redlock
+from celery_redlock.wake import wake_channel
 urls = sys.argv[1:]
-held = Redlock(urls, ttl=60).acquire("green", blocking=False)
-def release_later():
-    {sleep}(0.2)
-    held.release()
-{spawn}(release_later)
+held = Redlock(urls, ttl={never}, node_timeout={node_timeout}).acquire("green", blocking=False)
+assert held is not None, "the holder did not get a free key"
+def release_once_the_waiter_listens():
+    clients = [redis.Redis.from_url(u) for u in urls]
+    give_up = time.monotonic() + {guard}
+    while not all(c.pubsub_numsub(wake_channel("green"))[0][1] >= 1 for c in clients):
+        assert time.monotonic() < give_up, "the waiter never subscribed"
+        {sleep}(0.01)
+    assert held.release(), "the holder's release failed"
+{spawn}(release_once_the_waiter_listens)
 # Only the releasing greenlet can end this wait in time (retry_delay and the holder's
 # TTL are past the timeout): a hub blocked by the wait would never run it.
-lease = Redlock(urls, ttl=10, retry_delay=3600).acquire("green", timeout=30)
+waiter = Redlock(urls, ttl=10, node_timeout={node_timeout}, retry_delay={never})
+lease = waiter.acquire("green", timeout={guard})
 print("woken" if lease is not None else "not woken")
 """
 
@@ -366,10 +380,13 @@ _HUBS = {
 def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisCluster, hub: str) -> None:
     pytest.importorskip(hub, reason=f"{hub} (the test extra) is not installed")
     patch, module = _HUBS[hub]
-    script = _GREEN_WAIT.format(patch=patch, sleep=f"{module}.sleep", spawn=f"{module}.spawn")
+    script = _GREEN_WAIT.format(
+        patch=patch, sleep=f"{module}.sleep", spawn=f"{module}.spawn",
+        never=NEVER, node_timeout=NODE_TIMEOUT, guard=HANG_GUARD,
+    )  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-c", script, *redis_nodes.urls],
-        capture_output=True, text=True, timeout=HANG_GUARD * 2,
+        capture_output=True, text=True, timeout=HANG_GUARD * 4,  # the waits inside: 2 guards
     )  # fmt: skip
     assert done.stdout.strip() == "woken", done.stderr
 
