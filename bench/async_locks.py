@@ -388,7 +388,7 @@ def render(result: dict[str, Any], threads: int) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m bench async``: the asyncio rows alone, on 5 fresh servers."""
-    from celery_redlock.testing import RedisCluster
+    from celery_redlock.testing import RedisNodes
 
     from .locks import FULL, QUICK, RESULTS_DIR, pick_redis_server
 
@@ -416,7 +416,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "python": sys.version.split()[0],
     }
     started = time.monotonic()
-    with RedisCluster(5, binary=args.redis_server or pick_redis_server()) as cluster:
+    with RedisNodes(5, binary=args.redis_server or pick_redis_server()) as cluster:
         addresses = [(server.host, server.port) for server in cluster]
         result = measure(cluster.urls, addresses, plan, key, log, counts)
     report.update(result)

@@ -7,7 +7,7 @@ Run from the repository root::
     python -m bench locks --redis-server /usr/bin/redis-server
 
 One run starts 5 redis-server masters on free loopback ports
-(``celery_redlock.testing.RedisCluster``), measures every contender on them, tears
+(``celery_redlock.testing.RedisNodes``), measures every contender on them, tears
 them down, prints a Markdown report and writes ``bench/results/locks.json`` (machine,
 settings, every number) and ``bench/results/locks.md`` (the tables, for README).
 
@@ -53,7 +53,7 @@ from typing import Any, Callable, Optional
 
 import celery_redlock
 from celery_redlock import QuorumUnavailable
-from celery_redlock.testing import REDIS_SERVER_ENV, RedisCluster, find_redis_server
+from celery_redlock.testing import REDIS_SERVER_ENV, RedisNodes, find_redis_server
 
 from . import async_locks
 from .commands import CommandCount, count_commands, count_keys
@@ -322,7 +322,7 @@ def _run_budgeted(op: Op, iterations: int, budget_s: float) -> tuple[Timing, boo
 
 
 def _hung_one(
-    cluster: RedisCluster,
+    cluster: RedisNodes,
     ours: OurRedlock,
     pottery: Pottery,
     keys: _Keys,
@@ -368,7 +368,7 @@ def _hung_one(
     }
 
 
-def _hung_three(cluster: RedisCluster, ours: OurRedlock, keys: _Keys, plan: Plan) -> dict[str, Any]:
+def _hung_three(cluster: RedisNodes, ours: OurRedlock, keys: _Keys, plan: Plan) -> dict[str, Any]:
     """Three of 5 SIGSTOPped: how long until acquire raises QuorumUnavailable."""
     victims = list(cluster[:3])
     times_ms: list[float] = []
@@ -708,7 +708,7 @@ def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, 
         "plan": asdict(plan),
     }
     keys = _Keys()
-    with RedisCluster(NODES, binary=binary) as cluster:
+    with RedisNodes(NODES, binary=binary) as cluster:
         log(
             f"{NODES} x redis-server {report['machine']['redis_server']['version']} up: "
             f"ports {[server.port for server in cluster]}"

@@ -21,7 +21,7 @@ import resource
 import time
 from typing import Optional
 
-from celery_redlock.testing import RedisCluster
+from celery_redlock.testing import RedisNodes
 
 from .contenders import OurRedlock
 from .locks import pick_redis_server
@@ -58,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--redis-server", default=None)
     args = parser.parse_args(argv)
     binary = args.redis_server or pick_redis_server()
-    with RedisCluster(5, binary=binary) as cluster:
+    with RedisNodes(5, binary=binary) as cluster:
         addresses = [(server.host, server.port) for server in cluster]
         ours5 = OurRedlock(cluster.urls, ttl=10.0, node_timeout=0.05)
         ours1 = OurRedlock(cluster.urls[:1], ttl=10.0, node_timeout=0.05)

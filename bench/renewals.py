@@ -33,8 +33,8 @@ from typing import Any, Callable, Optional
 import redis
 
 from celery_redlock import Lease, QuorumUnavailable, Redlock
-from celery_redlock.testing import FaultProxy, RedisCluster
-from celery_redlock.watchdog import Watchdog
+from celery_redlock.lock.watchdog import Watchdog
+from celery_redlock.testing import FaultProxy, RedisNodes
 
 from .locks import RESULTS_DIR, _write, machine_info, pick_redis_server
 
@@ -102,7 +102,7 @@ def _stop(dog: Watchdog, leases: list[Lease]) -> None:
         lease.release()
 
 
-def cpu_row(cluster: RedisCluster, count: int, window: float, serial: bool) -> dict[str, Any]:
+def cpu_row(cluster: RedisNodes, count: int, window: float, serial: bool) -> dict[str, Any]:
     """Renewal CPU with ``count`` leases held on ``cluster``."""
     redlock = Redlock(cluster.urls, ttl=TTL)
     dog = SerialWatchdog() if serial else Watchdog()
@@ -132,7 +132,7 @@ def cpu_row(cluster: RedisCluster, count: int, window: float, serial: bool) -> d
     }
 
 
-def far_row(cluster: RedisCluster, count: int, delay: float, serial: bool) -> dict[str, Any]:
+def far_row(cluster: RedisNodes, count: int, delay: float, serial: bool) -> dict[str, Any]:
     """Leases lost with every node ``delay`` seconds away each way."""
     proxies = [FaultProxy(server) for server in cluster]
     try:
@@ -213,7 +213,7 @@ def run(
         "far": [],
     }
     started = time.monotonic()
-    with RedisCluster(5, binary=binary) as cluster:
+    with RedisNodes(5, binary=binary) as cluster:
         for count in sizes:
             for serial in (False, True) if count == 1000 else (False,):
                 log(f"cpu: {count} leases, {'serial' if serial else 'batched'}")

@@ -4,7 +4,7 @@ Two uses: the physical floor (hand-packed ``SET k v NX PX`` then ``DEL k``, the 
 any lock can do on one node) and the bench's own control connection (CONFIG
 RESETSTAT, INFO, MONITOR), whose commands must be told apart from the contenders'.
 Commands are packed and replies parsed by celery-redlock's own codec
-(``celery_redlock.resp``): only the sockets and the floor's loops are the bench's.
+(``celery_redlock.wire.resp``): only the sockets and the floor's loops are the bench's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import select
 import socket
 from typing import Union
 
-from celery_redlock.resp import INCOMPLETE, pack, parse
+from celery_redlock.wire.resp import INCOMPLETE, pack, parse
 
 __all__ = ["FloorCycle", "FloorQuorum", "RespConnection", "pack"]
 

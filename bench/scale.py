@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from celery_redlock.testing import REDIS_SERVER_ENV, RedisCluster
+from celery_redlock.testing import REDIS_SERVER_ENV, RedisNodes
 
 from . import renewals, scale_handoff, scale_report, scale_tasks
 from .contenders import Contender, OurRedlock, Pottery, RedisPyLock
@@ -113,7 +113,7 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def pin(cluster: RedisCluster) -> dict[str, Any]:
+def pin(cluster: RedisNodes) -> dict[str, Any]:
     """Servers on the last CPU, this process on the others (``sched_setaffinity``,
     as ``taskset`` does), so the client and the servers stop taking each other's
     core; other work on the machine is not moved. What was done, for the report."""
@@ -128,7 +128,7 @@ def pin(cluster: RedisCluster) -> dict[str, Any]:
     return {"pinned": True, "servers_cpus": sorted(servers), "client_cpus": sorted(client)}
 
 
-def latency_vs_nodes(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
+def latency_vs_nodes(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
     """Ours, the floor and pottery on the first N nodes, for each N, interleaved."""
     value = secrets.token_urlsafe(20).encode() + f"|{socket.gethostname()}:1".encode()
     ttl_ms = int(plan.ttl * 1000)
@@ -183,7 +183,7 @@ def latency_vs_nodes(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -
     return {"loadavg": [load, _load()], "rows": rows, "cpu_per_op": cpu}
 
 
-def ops_vs_threads(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
+def ops_vs_threads(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
     """ops/s with 1, 8, 32 threads, each thread on its own key."""
     addresses = [(server.host, server.port) for server in cluster[:5]]
     contenders: list[Contender] = [
@@ -217,7 +217,7 @@ def ops_vs_threads(cluster: RedisCluster, plan: Plan, keys: _Keys, log: Log) -> 
     return {"loadavg": [load, _load()], "names": {c.slug: c.name for c in contenders}, "rows": rows}
 
 
-def renewal_rows(cluster: RedisCluster, plan: Plan, log: Log) -> list[dict[str, Any]]:
+def renewal_rows(cluster: RedisNodes, plan: Plan, log: Log) -> list[dict[str, Any]]:
     """``bench/renewals.py``'s CPU row (batched watchdog) for each lease count."""
     rows = []
     for count in plan.lease_counts:
@@ -240,14 +240,14 @@ def run(plan: Plan, binary: str, log: Log, pinned: bool = False) -> dict[str, An
     }
     keys = _Keys()
     affinity = os.sched_getaffinity(0)
-    with RedisCluster(max(plan.node_counts), binary=binary) as cluster:
+    with RedisNodes(max(plan.node_counts), binary=binary) as cluster:
         report["pinning"] = pin(cluster) if pinned else {"pinned": False}
         log(f"latency vs nodes {plan.node_counts} ({report['pinning']}) ...")
         report["latency_vs_nodes"] = latency_vs_nodes(cluster, plan, keys, log)
         log(f"ops/s vs threads {plan.thread_counts} ...")
         report["ops_vs_threads"] = ops_vs_threads(cluster, plan, keys, log)
     os.sched_setaffinity(0, affinity)  # the rest runs unpinned
-    with RedisCluster(5, binary=binary) as cluster:
+    with RedisNodes(5, binary=binary) as cluster:
         log(f"hand-off latency, {plan.handoff_samples} samples ...")
         report["handoff_latency"] = []
         for lock_name in scale_handoff.LOCKS:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import redis
 from celery import Celery
 
-from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, wait_all_ready
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, wait_all_ready
 
 from . import taskapp
 
@@ -128,7 +128,7 @@ def measure_hot_key(
 
 def hot_key_rows(
     binary: str,
-    nodes: RedisCluster,
+    nodes: RedisNodes,
     duplicates: tuple[int, ...],
     body_s: float,
     workers: int,

@@ -66,7 +66,7 @@ from typing import Any, Callable, Optional, Sequence
 import redis
 from celery import Celery
 
-from celery_redlock.testing import REDIS_SERVER_ENV, CeleryProcess, RedisCluster, RedisServer
+from celery_redlock.testing import REDIS_SERVER_ENV, CeleryProcess, RedisNodes, RedisServer
 
 from . import taskapp
 from .commands import count_keys
@@ -162,7 +162,7 @@ class Measurement:
 @dataclass
 class Servers:
     broker: RedisServer
-    nodes: RedisCluster
+    nodes: RedisNodes
     observer_server: RedisServer
     observer: redis.Redis
 
@@ -696,7 +696,7 @@ def run(
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-tasks-")))
         broker = stack.enter_context(RedisServer(binary=binary))
         observer_server = stack.enter_context(RedisServer(binary=binary))
-        nodes = stack.enter_context(RedisCluster(NODES, binary=binary))
+        nodes = stack.enter_context(RedisNodes(NODES, binary=binary))
         servers = Servers(broker, nodes, observer_server, observer_server.client())
         client = _client(broker.url)
         stack.callback(client.close)

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from celery_redlock.testing import RedisCluster
+from celery_redlock.testing import RedisNodes
 
 from .locks import RESULTS_DIR, _write, machine_info, pick_redis_server
 
@@ -182,7 +182,7 @@ def run(trials: int, binary: str, log: Callable[[str], None]) -> dict[str, Any]:
     }
     latencies: dict[str, list[float]] = {slug: [] for slug in CONTENDERS}
     failed = dict.fromkeys(CONTENDERS, 0)
-    with RedisCluster(5, binary=binary) as cluster:
+    with RedisNodes(5, binary=binary) as cluster:
         pairs: dict[str, tuple[Connection, Connection, list[Any]]] = {}
         for slug in CONTENDERS:
             ends, procs = [], []

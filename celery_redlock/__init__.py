@@ -5,7 +5,7 @@ Public API only; see README.md for a guide.
 
 from __future__ import annotations
 
-from . import signals
+from . import _moved, signals
 from .errors import (
     AlreadyHeld,
     AlreadyQueued,
@@ -16,9 +16,9 @@ from .errors import (
     QuorumUnavailable,
     RedlockError,
 )
-from .redlock import HolderInfo, Lease, NodeHolding, Redlock
+from .lock.redlock import HolderInfo, Lease, NodeHolding, Redlock
 from .skipped import SKIPPED, is_skipped
-from .task import RedlockTask, redlock_task
+from .tasks.task import RedlockTask, redlock_task
 
 __all__ = [
     "SKIPPED",
@@ -41,3 +41,5 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_moved.install()  # the module paths of 0.1 (celery_redlock.task, ...) still import

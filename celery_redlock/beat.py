@@ -70,13 +70,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from celery.beat import PersistentScheduler
 from celery.schedules import schedstate
 
-from .config import app_config
-from .contention import Refused, acquire_confirmed
 from .errors import ConfigurationError, QuorumUnavailable
-from .headers import ENTRY_HEADER, TICK_HEADER
-from .options import DEFAULTS, checked
-from .redlock import Lease, Redlock
-from .ticks import (
+from .lock.redlock import Lease, Redlock
+from .tasks.config import app_config
+from .tasks.contention import Refused, acquire_confirmed
+from .tasks.headers import ENTRY_HEADER, TICK_HEADER
+from .tasks.options import DEFAULTS, checked
+from .tasks.ticks import (
     MIN_TTL,
     Tick,
     aware,

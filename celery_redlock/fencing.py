@@ -35,7 +35,7 @@ import re
 from typing import Any, Mapping, Union
 
 from .errors import ConfigurationError
-from .scripts import FENCED_SET
+from .lock.scripts import FENCED_SET
 
 __all__ = ["fence_key", "fenced_set", "sql_fenced_update"]
 

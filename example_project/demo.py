@@ -51,7 +51,7 @@ import redis
 
 from celery_redlock.testing import (
     CeleryProcess,
-    RedisCluster,
+    RedisNodes,
     RedisServer,
     find_redis_server,
     wait_all_ready,
@@ -146,7 +146,7 @@ class Deployment:
 
     run_dir: Path
     servers: list[RedisServer] = field(default_factory=list)
-    clusters: list[RedisCluster] = field(default_factory=list)
+    clusters: list[RedisNodes] = field(default_factory=list)
     processes: list[CeleryProcess] = field(default_factory=list)
     #: pids the drill SIGSTOPped and has not resumed yet.
     paused: set[int] = field(default_factory=set)
@@ -357,7 +357,7 @@ def _start(deployment: Deployment, options: Options, out: Output) -> redis.Redis
     shown = next((v.split("=")[1] for v in version if v.startswith("v=")), "?")
     out.info(f"  redis-server {shown} ({binary})")
     started = time.monotonic()
-    nodes = RedisCluster(
+    nodes = RedisNodes(
         options.nodes,
         appendonly=True,  # appendfsync always: a crashed node keeps its locks
         extra_args=["--maxmemory-policy", "noeviction"],

@@ -28,11 +28,11 @@ from celery.signals import task_postrun
 from kombu.asynchronous import set_event_loop
 
 from celery_redlock import signals
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 
 def worker_test_app(
-    name: str, broker: RedisServer, nodes: RedisCluster, backoff: float, backoff_max: float
+    name: str, broker: RedisServer, nodes: RedisNodes, backoff: float, backoff_max: float
 ) -> Iterator[Celery]:
     """Yield the app (use with ``yield from`` in a fixture)."""
     app = Celery(name, broker=broker.url, backend=broker.url, set_as_current=False)

@@ -44,7 +44,8 @@ import json  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
-from celery_redlock import LockLost, QuorumUnavailable, Redlock, unpatched  # noqa: E402
+from celery_redlock import LockLost, QuorumUnavailable, Redlock  # noqa: E402
+from celery_redlock.wire import unpatched  # noqa: E402
 
 #: ``node_timeout=S`` (after ``count``): the rounds' node_timeout, the default unless given.
 NODE_TIMEOUT = float(

@@ -29,7 +29,7 @@ from celery_redlock import (
     Redlock,
 )
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
-from celery_redlock.testing import FaultProxy, RedisCluster, RedisServer
+from celery_redlock.testing import FaultProxy, RedisNodes, RedisServer
 
 __all__ = ["certs", "tls", "tls_nodes"]  # fixtures used below
 
@@ -46,7 +46,7 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
@@ -65,7 +65,7 @@ def _gone(clients: list[redis.Redis], key: str) -> Callable[[], bool]:
 
 
 def test_async_and_sync_locks_exclude_each_other_and_name_the_holder(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     sync = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
 
@@ -91,7 +91,7 @@ def test_async_and_sync_locks_exclude_each_other_and_name_the_holder(
 # -- the lock block ------------------------------------------------------------------------
 
 
-def test_auto_extend_keeps_a_short_lease_past_its_ttl(redis_nodes: RedisCluster) -> None:
+def test_auto_extend_keeps_a_short_lease_past_its_ttl(redis_nodes: RedisNodes) -> None:
     clients = _clients(redis_nodes)
 
     async def scenario() -> None:
@@ -114,7 +114,7 @@ def test_auto_extend_keeps_a_short_lease_past_its_ttl(redis_nodes: RedisCluster)
 
 
 def test_a_lease_lost_during_an_auto_extended_block_raises_lock_lost_on_leaving(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=3, node_timeout=0.5)
@@ -130,7 +130,7 @@ def test_a_lease_lost_during_an_auto_extended_block_raises_lock_lost_on_leaving(
 
 
 def test_async_with_a_lease_releases_it_and_sync_with_is_refused(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
@@ -150,7 +150,7 @@ def test_async_with_a_lease_releases_it_and_sync_with_is_refused(
 
 
 def _proxied(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., FaultProxy], slow: int
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., FaultProxy], slow: int
 ) -> tuple[list[str], list[FaultProxy]]:
     """URLs of the 5 nodes, the last ``slow`` behind proxies (delayed by the test)."""
     proxies = [fault_proxy_factory(server) for server in list(redis_nodes)[5 - slow :]]
@@ -158,7 +158,7 @@ def _proxied(
 
 
 def test_a_cancelled_acquire_releases_what_it_got(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., FaultProxy]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., FaultProxy]
 ) -> None:
     clients = _clients(redis_nodes)
     urls, proxies = _proxied(redis_nodes, fault_proxy_factory, slow=3)
@@ -185,7 +185,7 @@ def test_a_cancelled_acquire_releases_what_it_got(
 
 
 def test_a_cancelled_block_releases_its_lease_even_when_cancelled_again(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., FaultProxy]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., FaultProxy]
 ) -> None:
     clients = _clients(redis_nodes)
     urls, proxies = _proxied(redis_nodes, fault_proxy_factory, slow=3)
@@ -213,7 +213,7 @@ def test_a_cancelled_block_releases_its_lease_even_when_cancelled_again(
     run(scenario())
 
 
-def test_a_cancelled_blocking_wait_takes_nothing(redis_nodes: RedisCluster) -> None:
+def test_a_cancelled_blocking_wait_takes_nothing(redis_nodes: RedisNodes) -> None:
     clients = _clients(redis_nodes)
 
     async def scenario() -> None:
@@ -238,7 +238,7 @@ def test_a_cancelled_blocking_wait_takes_nothing(redis_nodes: RedisCluster) -> N
 # -- nodes: failures, restarts, scripts, TLS ---------------------------------------------------
 
 
-def test_a_hung_node_costs_nothing_while_a_quorum_answers(redis_nodes: RedisCluster) -> None:
+def test_a_hung_node_costs_nothing_while_a_quorum_answers(redis_nodes: RedisNodes) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         redis_nodes[0].pause()
@@ -254,7 +254,7 @@ def test_a_hung_node_costs_nothing_while_a_quorum_answers(redis_nodes: RedisClus
     run(scenario())
 
 
-def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisCluster) -> None:
+def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisNodes) -> None:
     # Their rounds share each node's connection (written together in one loop turn).
     clients = _clients(redis_nodes)
 
@@ -282,7 +282,7 @@ def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisCluster) ->
 
 
 def test_rounds_in_flight_together_each_end_at_their_own_deadline(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     # One timer serves every round in flight: each ends at its own node_timeout.
     async def scenario() -> None:
@@ -310,7 +310,7 @@ def test_rounds_in_flight_together_each_end_at_their_own_deadline(
     run(scenario())
 
 
-def test_a_restarted_node_is_reconnected_on_a_later_round(redis_nodes: RedisCluster) -> None:
+def test_a_restarted_node_is_reconnected_on_a_later_round(redis_nodes: RedisNodes) -> None:
     clients = _clients(redis_nodes)
 
     async def scenario() -> None:
@@ -331,7 +331,7 @@ def test_a_restarted_node_is_reconnected_on_a_later_round(redis_nodes: RedisClus
     run(scenario())
 
 
-def test_script_flush_falls_back_to_eval(redis_nodes: RedisCluster) -> None:
+def test_script_flush_falls_back_to_eval(redis_nodes: RedisNodes) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         assert await redlock.locked("flush") is False
@@ -383,7 +383,7 @@ def test_tls_nodes(tls: list[TLSNode], certs: Any) -> None:
     run(scenario())
 
 
-def test_one_lock_serves_successive_event_loops(redis_nodes: RedisCluster) -> None:
+def test_one_lock_serves_successive_event_loops(redis_nodes: RedisNodes) -> None:
     redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
 
     async def take_and_release() -> None:
@@ -398,7 +398,7 @@ def test_one_lock_serves_successive_event_loops(redis_nodes: RedisCluster) -> No
 # -- reentrancy: the execution is the asyncio Task -------------------------------------------
 
 
-def test_two_tasks_of_one_loop_are_two_executions(redis_nodes: RedisCluster) -> None:
+def test_two_tasks_of_one_loop_are_two_executions(redis_nodes: RedisNodes) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         held = asyncio.Event()
@@ -431,7 +431,7 @@ def test_two_tasks_of_one_loop_are_two_executions(redis_nodes: RedisCluster) -> 
     run(scenario())
 
 
-def test_a_child_task_contends_with_its_parent(redis_nodes: RedisCluster) -> None:
+def test_a_child_task_contends_with_its_parent(redis_nodes: RedisNodes) -> None:
     async def scenario() -> None:
         redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         lease = await redlock.acquire("parent")

@@ -32,8 +32,8 @@ from test_wake import (
 
 from celery_redlock import Redlock
 from celery_redlock.asyncio import AsyncRedlock
-from celery_redlock.testing import RedisCluster, RedisServer
-from celery_redlock.wake import wake_channel
+from celery_redlock.lock.wake import wake_channel
+from celery_redlock.testing import RedisNodes, RedisServer
 
 __all__ = ["acl_cluster", "acl_nodes"]  # fixtures used below
 
@@ -64,7 +64,7 @@ def _holder(urls: list[str], key: Any) -> Any:
     return lease
 
 
-def test_a_release_in_another_process_wakes_the_waiting_task(redis_nodes: RedisCluster) -> None:
+def test_a_release_in_another_process_wakes_the_waiting_task(redis_nodes: RedisNodes) -> None:
     urls = redis_nodes.urls
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
@@ -89,7 +89,7 @@ def test_a_release_in_another_process_wakes_the_waiting_task(redis_nodes: RedisC
 
 
 @pytest.mark.parametrize("how", ["release", "force_release", "set_release"])
-def test_every_kind_of_release_wakes_the_waiting_task(redis_nodes: RedisCluster, how: str) -> None:
+def test_every_kind_of_release_wakes_the_waiting_task(redis_nodes: RedisNodes, how: str) -> None:
     """With ``timeout=None`` (until won): a release, an operator's force_release and
     the release of a set of keys each wake it."""
     urls = redis_nodes.urls
@@ -121,7 +121,7 @@ def test_every_kind_of_release_wakes_the_waiting_task(redis_nodes: RedisCluster,
 
 
 def test_a_cancelled_waiting_acquire_leaves_no_subscription_and_no_task(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     urls = redis_nodes.urls
     held = _holder(urls, "cancelled")
@@ -156,7 +156,7 @@ def test_a_cancelled_waiting_acquire_leaves_no_subscription_and_no_task(
     until(lambda: all(c.get("cancelled") is None for c in clients), "released on every node")
 
 
-def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisCluster) -> None:
+def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisNodes) -> None:
     urls = redis_nodes.urls
     waiters = 8
     first = _holder(urls, "aherd")
@@ -190,7 +190,7 @@ def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisCluster) -> 
 
 
 def test_a_user_without_pubsub_rights_gets_the_lock_by_polling(
-    acl_nodes: RedisCluster,
+    acl_nodes: RedisNodes,
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)  # no channels, no pub/sub
     acl_nodes[0].client().acl_log_reset()
@@ -212,7 +212,7 @@ def test_a_user_without_pubsub_rights_gets_the_lock_by_polling(
     assert _denied_pubsub(acl_nodes[0])  # subscribing was tried, and refused
 
 
-def test_a_user_with_channel_rights_is_woken(acl_nodes: RedisCluster) -> None:
+def test_a_user_with_channel_rights_is_woken(acl_nodes: RedisNodes) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *WAKE_ACL)
     acl_nodes[0].client().acl_log_reset()
     key = "redlock:awake:allowed"

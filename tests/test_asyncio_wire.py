@@ -18,10 +18,10 @@ from typing import Callable, Optional
 
 import redis
 
-from celery_redlock import scripts
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
-from celery_redlock.resp import INCOMPLETE, Command, parse
-from celery_redlock.testing import RedisCluster
+from celery_redlock.lock import scripts
+from celery_redlock.testing import RedisNodes
+from celery_redlock.wire.resp import INCOMPLETE, Command, parse
 
 KEY_TTL = 30.0
 NODE_TIMEOUT = 5.0
@@ -109,7 +109,7 @@ class Shaper:
         raise AssertionError("the client never got there")
 
 
-async def _shaped(cluster: RedisCluster, count: int) -> tuple[list[Shaper], list[str]]:
+async def _shaped(cluster: RedisNodes, count: int) -> tuple[list[Shaper], list[str]]:
     """Shapers in front of the first ``count`` nodes; every node's URL."""
     shapers = [Shaper(server.host, server.port) for server in list(cluster)[:count]]
     for shaper in shapers:
@@ -144,7 +144,7 @@ async def _on_every_node(clients: list[redis.Redis], key: str, value: Optional[b
     assert _values(clients, key) == [value] * len(clients)
 
 
-def test_replies_split_across_reads_are_put_together(redis_nodes: RedisCluster) -> None:
+def test_replies_split_across_reads_are_put_together(redis_nodes: RedisNodes) -> None:
     clients = [server.client() for server in redis_nodes]
 
     async def scenario() -> None:
@@ -176,7 +176,7 @@ def test_replies_split_across_reads_are_put_together(redis_nodes: RedisCluster) 
 
 
 def test_many_tasks_replies_in_one_read_each_reach_their_round(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     clients = [server.client() for server in redis_nodes]
     tasks = 6
@@ -214,7 +214,7 @@ def test_many_tasks_replies_in_one_read_each_reach_their_round(
 
 
 def test_a_connection_cut_mid_reply_fails_that_node_and_reconnects_later(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     clients = [server.client() for server in redis_nodes]
 
@@ -244,7 +244,7 @@ def test_a_connection_cut_mid_reply_fails_that_node_and_reconnects_later(
 
 
 def test_replies_left_unread_through_a_stall_keep_their_connection(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     """A stalled process (a loaded machine) resumes a task before it reads the
     replies that came meanwhile: their connections are not taken for hung."""

@@ -43,8 +43,8 @@ from celery_redlock import (
     RedlockTask,
 )
 from celery_redlock.cli import redlock as redlock_cli
-from celery_redlock.config import reset
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.tasks.config import reset
+from celery_redlock.testing import RedisNodes, RedisServer
 
 #: What every message about a URL lists as accepted.
 ACCEPTED_URLS = "accepted: redis://[[user]:password@]host[:port][/db], rediss://"
@@ -158,7 +158,7 @@ SETTING_CASES = [
 @dataclass
 class Stack:
     broker: RedisServer
-    nodes: RedisCluster
+    nodes: RedisNodes
     node_clients: list[redis.Redis]
     app: Celery
     tasks: dict[str, Any]
@@ -224,7 +224,7 @@ def _define(app: Celery) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    with RedisServer() as broker, RedisCluster(3) as nodes:
+    with RedisServer() as broker, RedisNodes(3) as nodes:
         app = Celery("bad_input", broker=broker.url, backend=broker.url, set_as_current=False)
         app.conf.update(
             broker_connection_retry_on_startup=True,

@@ -43,7 +43,7 @@ from celery_redlock.beat import (
     entry_tick,
     lock_ttl,
 )
-from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, RedisServerFactory
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, RedisServerFactory
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHECKOUT = TESTS_DIR.parent
@@ -190,7 +190,7 @@ def test_crontab_tick_is_the_latest_due_time_not_the_one_after_last_run() -> Non
 
 
 def test_crontab_beats_started_at_different_times_claim_the_same_tick(
-    redis_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
+    redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
     due = datetime(2027, 1, 15, 12, 5, tzinfo=timezone.utc).timestamp()
@@ -217,7 +217,7 @@ def test_crontab_beats_started_at_different_times_claim_the_same_tick(
 
 
 def test_interval_beats_started_at_different_times_each_claim_every_bucket_once(
-    redis_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
+    redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The drift pitfall: beats started at 10.95 and 11.05 would, left to Celery, look
     at the entry at x.95 and x.05 -- claiming different buckets for one run, or
@@ -246,7 +246,7 @@ def test_interval_beats_started_at_different_times_each_claim_every_bucket_once(
 
 
 def test_a_slow_send_does_not_push_the_next_look_past_the_boundary(
-    redis_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
+    redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
     clock = Clock(EPOCH)
@@ -270,7 +270,7 @@ def test_a_slow_send_does_not_push_the_next_look_past_the_boundary(
 
 
 def test_sent_message_carries_the_tick_and_the_lock_key_names_entry_and_tick(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     clock = Clock(EPOCH + 0.5)
     options = {"headers": {"mine": 1}, "queue": "q"}
@@ -301,7 +301,7 @@ def test_sent_message_carries_the_tick_and_the_lock_key_names_entry_and_tick(
 
 
 def test_a_tick_is_not_sent_when_the_lock_nodes_lose_quorum(
-    redis_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
+    redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
     clock = Clock(EPOCH)
@@ -361,7 +361,7 @@ class DropAfterRetries(logging.Handler):
 
 @pytest.mark.parametrize(("phantoms_leave", "outcome"), [(True, "won"), (False, "missed")])
 def test_a_lock_split_between_beats_is_retried_until_someone_wins_or_time_runs_out(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     caplog: pytest.LogCaptureFixture,
     phantoms_leave: bool,
     outcome: str,
@@ -517,7 +517,7 @@ class Process(CeleryProcess):
 @dataclass
 class Deployment:
     broker: RedisServer
-    nodes: RedisCluster
+    nodes: RedisNodes
     observer: redis.Redis
     env: dict[str, str]
     tmp_path: Path
@@ -578,7 +578,7 @@ class Deployment:
 
 @pytest.fixture
 def deployment(
-    redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster, tmp_path: Path
+    redis_server_factory: RedisServerFactory, redis_nodes: RedisNodes, tmp_path: Path
 ) -> Iterator[Deployment]:
     broker = redis_server_factory()
     observer = redis_server_factory()

@@ -16,14 +16,14 @@ from observe import settles
 
 from bench import scale_handoff, scale_report
 from bench.scale_tasks import _busy_share, _overlaps, _rank_correlation
-from celery_redlock.testing import RedisClusterFactory
+from celery_redlock.testing import RedisNodesFactory
 
 
 @pytest.mark.slow
 def test_handoff_measure_takes_every_sample_through_the_public_api(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    cluster = redis_cluster_factory(3)
+    cluster = redis_nodes_factory(3)
     result = scale_handoff.measure(cluster.urls, 3, "bench-test:handoff")
     assert (result["samples"], result["missed"], result["nodes"]) == (3, 0, 3)
     assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["max_ms"]

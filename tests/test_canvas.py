@@ -33,9 +33,9 @@ from celery.exceptions import ChordError
 from celery.signals import after_task_publish
 
 from celery_redlock import LockContended, Redlock, RedlockTask
-from celery_redlock.queue_once import QUEUED_SUFFIX
 from celery_redlock.skipped import is_skipped
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.tasks.queue_once import QUEUED_SUFFIX
+from celery_redlock.testing import RedisNodes, RedisServer
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,7 +49,7 @@ HANG_GUARD = 30.0
 @dataclass
 class Stack:
     app: Celery
-    nodes: RedisCluster
+    nodes: RedisNodes
     recorder: Recorder
     tasks: dict[str, Any]
     #: Errors handed to the ``c.errback`` link_error: (failed task id, error).
@@ -60,7 +60,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    broker, nodes = RedisServer(), RedisCluster(3)
+    broker, nodes = RedisServer(), RedisNodes(3)
     broker.start()
     nodes.start()
     published: list[str] = []

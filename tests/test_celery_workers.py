@@ -32,7 +32,7 @@ from celery.result import AsyncResult
 from celery_redlock import LockContended
 from celery_redlock.testing import (
     CeleryProcess,
-    RedisCluster,
+    RedisNodes,
     RedisServer,
     RedisServerFactory,
     wait_all_ready,
@@ -61,7 +61,7 @@ class Stack:
     """The servers of one test and a client app that sends to its workers."""
 
     broker: RedisServer
-    nodes: RedisCluster
+    nodes: RedisNodes
     observer_server: RedisServer
     observer: redis.Redis
     client: Celery
@@ -71,7 +71,7 @@ StartWorkers = Callable[..., list[Worker]]
 
 
 @pytest.fixture
-def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster) -> Iterator[Stack]:
+def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisNodes) -> Iterator[Stack]:
     broker = redis_server_factory()
     observer_server = redis_server_factory()
     client = Celery(

@@ -36,10 +36,10 @@ from celery_redlock.cli.checks import (
 )
 from celery_redlock.cli.common import configured_nodes
 from celery_redlock.cli.doctor import inspect_nodes
-from celery_redlock.config import app_config
+from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import (
-    RedisCluster,
-    RedisClusterFactory,
+    RedisNodes,
+    RedisNodesFactory,
     RedisServer,
     RedisServerFactory,
 )
@@ -53,13 +53,13 @@ LOCK_TTL = 30.0
 
 
 @pytest.fixture(scope="module")
-def shared_nodes() -> Iterator[RedisCluster]:
-    with RedisCluster(3) as cluster:
+def shared_nodes() -> Iterator[RedisNodes]:
+    with RedisNodes(3) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def nodes(shared_nodes: RedisCluster) -> RedisCluster:
+def nodes(shared_nodes: RedisNodes) -> RedisNodes:
     """Three healthy independent masters, emptied for each test."""
     shared_nodes.flushall()
     return shared_nodes
@@ -127,14 +127,14 @@ def ttl_floor(taken_from: float, shown_to: float = 0.001) -> float:
     return LOCK_TTL - (time.monotonic() - taken_from) - shown_to
 
 
-def present(cluster: RedisCluster, key: str = KEY) -> list[bool]:
+def present(cluster: RedisNodes, key: str = KEY) -> list[bool]:
     return [bool(server.client().exists(key)) for server in cluster]
 
 
 # -- doctor ------------------------------------------------------------------------------
 
 
-def test_doctor_passes_healthy_masters_through_the_celery_program(nodes: RedisCluster) -> None:
+def test_doctor_passes_healthy_masters_through_the_celery_program(nodes: RedisNodes) -> None:
     proc = run_celery(nodes.urls, "doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     report = doc(proc.stdout)
@@ -159,7 +159,7 @@ def test_doctor_passes_healthy_masters_through_the_celery_program(nodes: RedisCl
 
 
 def test_doctor_table_warns_about_persistence_with_the_redis_io_advice(
-    nodes: RedisCluster,
+    nodes: RedisNodes,
 ) -> None:
     result = invoke(nodes.urls, "doctor")
     assert result.exit_code == 0, result.output
@@ -171,9 +171,9 @@ def test_doctor_table_warns_about_persistence_with_the_redis_io_advice(
 
 
 def test_doctor_is_all_ok_with_appendfsync_always(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    cluster = redis_cluster_factory(3, appendonly=True)
+    cluster = redis_nodes_factory(3, appendonly=True)
     result = invoke(cluster.urls, "doctor", "--json")
     assert result.exit_code == 0, result.output
     report = doc(result.stdout)
@@ -245,7 +245,7 @@ def test_doctor_flags_the_same_server_listed_twice(
 
 
 def test_doctor_flags_lock_keys_without_a_ttl_but_not_fence_counters(
-    nodes: RedisCluster,
+    nodes: RedisNodes,
 ) -> None:
     take_lock(nodes.urls, fencing=True)  # leaves KEY:fence (no TTL, by design)
     client = nodes[1].client()
@@ -269,9 +269,9 @@ def test_doctor_flags_lock_keys_without_a_ttl_but_not_fence_counters(
 
 
 def test_doctor_reports_an_unreachable_node_then_the_loss_of_quorum(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    cluster = redis_cluster_factory(3)
+    cluster = redis_nodes_factory(3)
     cluster[0].stop()
     result = invoke(cluster.urls, "doctor", "--json")
     assert result.exit_code == 1, result.output
@@ -289,14 +289,14 @@ def test_doctor_reports_an_unreachable_node_then_the_loss_of_quorum(
 
 
 def test_a_hung_node_costs_each_command_its_timeout_once(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
     # A command pays the hung node's timeout once: paying it per step (every command
     # has two or more) would take 2 x timeout at least. Its other work (milliseconds)
     # must fit in a second timeout: 5 s leaves a scheduler stall of a loaded machine
     # that much room.
     timeout = 5.0
-    cluster = redis_cluster_factory(3)
+    cluster = redis_nodes_factory(3)
     token = take_lock(cluster.urls)
     cluster[2].pause()
     try:
@@ -344,7 +344,7 @@ def test_doctor_reports_invalid_settings_as_an_error() -> None:
 # -- ls and show -------------------------------------------------------------------------
 
 
-def test_ls_through_the_celery_program_shows_holder_and_ttls(nodes: RedisCluster) -> None:
+def test_ls_through_the_celery_program_shows_holder_and_ttls(nodes: RedisNodes) -> None:
     taken_from = time.monotonic()
     take_lock(nodes.urls)
     proc = run_celery(nodes.urls, "ls")  # a `celery` process: seconds under load
@@ -359,7 +359,7 @@ def test_ls_through_the_celery_program_shows_holder_and_ttls(nodes: RedisCluster
 
 
 def test_ls_json_lists_locks_with_quorum_agreement_and_skips_fence_counters(
-    nodes: RedisCluster,
+    nodes: RedisNodes,
 ) -> None:
     taken_from = time.monotonic()
     take_lock(nodes.urls, fencing=True)
@@ -387,9 +387,9 @@ def test_ls_json_lists_locks_with_quorum_agreement_and_skips_fence_counters(
 
 
 def test_ls_lists_from_the_nodes_that_answer_and_fails_when_none_do(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    cluster = redis_cluster_factory(3)
+    cluster = redis_nodes_factory(3)
     take_lock(cluster.urls)
     cluster[0].stop()
     result = invoke(cluster.urls, "ls", "--json")
@@ -407,14 +407,14 @@ def test_ls_lists_from_the_nodes_that_answer_and_fails_when_none_do(
     assert result.output.count("could not list keys") == 3
 
 
-def test_ls_with_no_locks_says_so(nodes: RedisCluster) -> None:
+def test_ls_with_no_locks_says_so(nodes: RedisNodes) -> None:
     result = invoke(nodes.urls, "ls")
     assert result.exit_code == 0
     assert "no lock keys match 'redlock:*' on 3 nodes" in result.output
 
 
 def test_show_through_the_celery_program_takes_a_key_relative_to_the_prefix(
-    nodes: RedisCluster,
+    nodes: RedisNodes,
 ) -> None:
     token = take_lock(nodes.urls)
     proc = run_celery(nodes.urls, "show", "import:42")
@@ -428,8 +428,8 @@ def test_show_through_the_celery_program_takes_a_key_relative_to_the_prefix(
         assert f"{address(server)}  {HOLDER}  {token[:8]}..." in out
 
 
-def test_show_json_per_node_with_a_node_down(redis_cluster_factory: RedisClusterFactory) -> None:
-    cluster = redis_cluster_factory(3)
+def test_show_json_per_node_with_a_node_down(redis_nodes_factory: RedisNodesFactory) -> None:
+    cluster = redis_nodes_factory(3)
     taken_from = time.monotonic()
     token = take_lock(cluster.urls)
     cluster[1].stop()
@@ -448,7 +448,7 @@ def test_show_json_per_node_with_a_node_down(redis_cluster_factory: RedisCluster
     assert "Connection refused" in down["error"]
 
 
-def test_show_a_free_key(nodes: RedisCluster) -> None:
+def test_show_a_free_key(nodes: RedisNodes) -> None:
     result = invoke(nodes.urls, "show", "nothing:here", "--json")
     assert result.exit_code == 0
     shown = doc(result.stdout)
@@ -459,7 +459,7 @@ def test_show_a_free_key(nodes: RedisCluster) -> None:
 # -- release -----------------------------------------------------------------------------
 
 
-def test_release_with_the_right_token_through_the_celery_program(nodes: RedisCluster) -> None:
+def test_release_with_the_right_token_through_the_celery_program(nodes: RedisNodes) -> None:
     token = take_lock(nodes.urls, fencing=True)
     proc = run_celery(nodes.urls, "release", "import:42", f"--token={token}", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -470,7 +470,7 @@ def test_release_with_the_right_token_through_the_celery_program(nodes: RedisClu
     assert present(nodes, KEY + "\x00fence") == [True] * 3  # fencing stays monotonic
 
 
-def test_release_with_a_wrong_token_deletes_nothing(nodes: RedisCluster) -> None:
+def test_release_with_a_wrong_token_deletes_nothing(nodes: RedisNodes) -> None:
     take_lock(nodes.urls)
     result = invoke(nodes.urls, "release", KEY, "--token", "not-the-token")
     assert result.exit_code == 1
@@ -479,7 +479,7 @@ def test_release_with_a_wrong_token_deletes_nothing(nodes: RedisCluster) -> None
     assert present(nodes) == [True] * 3
 
 
-def test_release_accepts_the_whole_stored_value_as_token(nodes: RedisCluster) -> None:
+def test_release_accepts_the_whole_stored_value_as_token(nodes: RedisNodes) -> None:
     token = take_lock(nodes.urls)
     result = invoke(nodes.urls, "release", KEY, "--token", f"{token}|{HOLDER}", "--json")
     assert result.exit_code == 0, result.output
@@ -487,13 +487,13 @@ def test_release_accepts_the_whole_stored_value_as_token(nodes: RedisCluster) ->
     assert present(nodes) == [False] * 3
 
 
-def test_release_of_a_free_key_exits_non_zero(nodes: RedisCluster) -> None:
+def test_release_of_a_free_key_exits_non_zero(nodes: RedisNodes) -> None:
     result = invoke(nodes.urls, "release", "import:7", "--token", "t", "--json")
     assert result.exit_code == 1
     assert [n["result"] for n in doc(result.stdout)["nodes"]] == ["absent"] * 3
 
 
-def test_forced_release_asks_first_and_a_no_keeps_the_lock(nodes: RedisCluster) -> None:
+def test_forced_release_asks_first_and_a_no_keeps_the_lock(nodes: RedisNodes) -> None:
     take_lock(nodes.urls)
     result = invoke(nodes.urls, "release", KEY, "--force", input="n\n")
     assert result.exit_code == 1
@@ -507,7 +507,7 @@ def test_forced_release_asks_first_and_a_no_keeps_the_lock(nodes: RedisCluster) 
 
 
 def test_forced_release_with_yes_deletes_on_every_node_without_asking(
-    nodes: RedisCluster,
+    nodes: RedisNodes,
 ) -> None:
     take_lock(nodes.urls)
     result = invoke(nodes.urls, "release", "import:42", "--force", "--yes", "--json")
@@ -528,7 +528,7 @@ def test_forced_release_with_yes_deletes_on_every_node_without_asking(
     ],
 )
 def test_release_usage_errors_name_the_option(
-    nodes: RedisCluster, args: tuple[str, ...], message: str
+    nodes: RedisNodes, args: tuple[str, ...], message: str
 ) -> None:
     result = invoke(nodes.urls, "release", *args)
     assert result.exit_code == 2
@@ -591,9 +591,9 @@ def test_doctor_checks_judge_the_facts_read_from_a_real_node(
 
 
 def test_cluster_checks_count_only_the_nodes_that_answered(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    cluster = redis_cluster_factory(3)
+    cluster = redis_nodes_factory(3)
     cluster[0].stop()
     cluster[1].stop()
     config = app_config(make_app(cluster.urls))

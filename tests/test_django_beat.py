@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from observe import settles
 
-from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServerFactory, wait_all_ready
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServerFactory, wait_all_ready
 
 pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
 
@@ -48,7 +48,7 @@ PeriodicTask.objects.create(name="count", task="ticks.count", interval=every)
 
 
 def test_two_database_beats_send_each_tick_once(
-    redis_server_factory: RedisServerFactory, redis_nodes: RedisCluster, tmp_path: Path
+    redis_server_factory: RedisServerFactory, redis_nodes: RedisNodes, tmp_path: Path
 ) -> None:
     broker = redis_server_factory()
     observer_server = redis_server_factory()

@@ -35,8 +35,8 @@ from celery_redlock import (
     Redlock,
 )
 from celery_redlock.asyncio import AsyncRedlock
-from celery_redlock.holders import reentry_holds
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.lock.stored import reentry_holds
+from celery_redlock.testing import RedisNodes, RedisServer
 
 FOREIGN = b"someone-else-entirely|other-host:1"
 NODE_TIMEOUT = 1.0
@@ -153,31 +153,31 @@ def make(request: pytest.FixtureRequest) -> Iterator[Make]:
     loop.close()
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
-def _lock(make: Make, cluster: RedisCluster, **kwargs: Any) -> Any:
+def _lock(make: Make, cluster: RedisNodes, **kwargs: Any) -> Any:
     return make(cluster.urls, ttl=kwargs.pop("ttl", KEY_TTL), node_timeout=NODE_TIMEOUT, **kwargs)
 
 
-def _values(cluster: RedisCluster, key: str) -> list[Any]:
+def _values(cluster: RedisNodes, key: str) -> list[Any]:
     return [c.get(key) for c in _clients(cluster)]
 
 
-def _settled(cluster: RedisCluster, key: str, expected: list[Any]) -> None:
+def _settled(cluster: RedisNodes, key: str, expected: list[Any]) -> None:
     """Wait until every node holds ``expected`` under ``key``: a round returns at
     quorum, the other nodes' copies follow."""
     settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")
 
 
-def _overwrite(cluster: RedisCluster, key: str, nodes: int = 5) -> None:
+def _overwrite(cluster: RedisNodes, key: str, nodes: int = 5) -> None:
     for client in _clients(cluster)[:nodes]:
         client.set(key, FOREIGN, px=int(KEY_TTL * 1000))
 
 
 def test_acquire_succeeds_iff_a_quorum_of_nodes_is_free(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     clients = _clients(redis_nodes)
     redlock = _lock(make, redis_nodes)
@@ -197,7 +197,7 @@ def test_acquire_succeeds_iff_a_quorum_of_nodes_is_free(
 
 
 def test_contention_names_the_holder_and_the_loser_gets_nothing(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     first, second = _lock(make, redis_nodes), _lock(make, redis_nodes)
     lease = first.acquire("named", holder="task-1@worker-a:42")
@@ -214,7 +214,7 @@ def test_contention_names_the_holder_and_the_loser_gets_nothing(
 
 
 def test_release_outcomes_true_false_and_quorum_unavailable(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes)
     lease = redlock.acquire("rel")
@@ -234,7 +234,7 @@ def test_release_outcomes_true_false_and_quorum_unavailable(
 
 
 def test_extend_pushes_expiry_and_an_expired_holder_cannot_touch_the_next(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = make(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("ext")
@@ -248,14 +248,14 @@ def test_extend_pushes_expiry_and_an_expired_holder_cannot_touch_the_next(
     assert [c.get("ext") for c in _clients(redis_nodes)] == [FOREIGN] * 5
 
 
-def test_extension_is_bounded_by_max_hold(make: Make, redis_nodes: RedisCluster) -> None:
+def test_extension_is_bounded_by_max_hold(make: Make, redis_nodes: RedisNodes) -> None:
     redlock = make(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT, max_hold=6)
     lease = redlock.acquire("bounded")
     assert lease.extend(KEY_TTL) is True  # only up to the bound: 6 s from the acquire
     assert all(c.pttl("bounded") <= 6000 for c in _clients(redis_nodes))
 
 
-def test_queries_tokens_and_operators_deletions(make: Make, redis_nodes: RedisCluster) -> None:
+def test_queries_tokens_and_operators_deletions(make: Make, redis_nodes: RedisNodes) -> None:
     redlock, other = _lock(make, redis_nodes), _lock(make, redis_nodes)
     assert redlock.locked("q") is False
     lease = redlock.acquire("q", token=TOKEN, holder="first:1")
@@ -274,7 +274,7 @@ def test_queries_tokens_and_operators_deletions(make: Make, redis_nodes: RedisCl
 
 
 @pytest.mark.parametrize("down", [1, 2])
-def test_a_minority_down_still_grants(make: Make, redis_nodes: RedisCluster, down: int) -> None:
+def test_a_minority_down_still_grants(make: Make, redis_nodes: RedisNodes, down: int) -> None:
     for server in list(redis_nodes)[:down]:
         server.kill()
     lease = make(redis_nodes.urls, ttl=KEY_TTL, node_timeout=0.5).acquire("minority")
@@ -289,7 +289,7 @@ def test_a_minority_down_still_grants(make: Make, redis_nodes: RedisCluster, dow
 
 
 def test_a_majority_down_raises_quorum_unavailable_naming_the_nodes(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     for server in list(redis_nodes)[:3]:
         server.kill()
@@ -300,7 +300,7 @@ def test_a_majority_down_raises_quorum_unavailable_naming_the_nodes(
 
 
 def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes)
     with pytest.raises(LockLost, match="no longer held"), redlock.lock("gone"):
@@ -319,7 +319,7 @@ def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
 
 
 def test_fences_strictly_increase_from_holder_to_holder(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes, fencing=True)
     fences = []
@@ -375,17 +375,17 @@ def test_bad_call_argument_gets_the_same_clear_error(
 # -- reentrancy: the execution is the thread (sync) or the asyncio Task ----------------------
 
 
-def _holds(cluster: RedisCluster, key: str, value: str) -> list[int]:
+def _holds(cluster: RedisNodes, key: str, value: str) -> list[int]:
     """How many holds each node counts for ``value`` (0: no set)."""
     return [int(c.scard(reentry_holds(key, value))) for c in _clients(cluster)]
 
 
-def _settled_holds(cluster: RedisCluster, key: str, value: str, expected: list[int]) -> None:
+def _settled_holds(cluster: RedisNodes, key: str, value: str, expected: list[int]) -> None:
     settles(lambda: _holds(cluster, key, value), expected, f"the holds of {key!r} on every node")
 
 
 def test_a_held_key_raises_already_held_at_once_without_reentrant(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes)
     lease = redlock.acquire("mine")
@@ -406,7 +406,7 @@ def test_a_held_key_raises_already_held_at_once_without_reentrant(
 
 
 def test_reentrant_holds_are_counted_on_the_nodes_and_the_last_release_frees(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes, fencing=True)
     with redlock.lock("report", reentrant=True) as outer:
@@ -431,7 +431,7 @@ def test_reentrant_holds_are_counted_on_the_nodes_and_the_last_release_frees(
 
 
 def test_a_hold_never_shortens_the_key_and_extends_keep_it(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes)
     outer = redlock.acquire("long", ttl=KEY_TTL)
@@ -446,7 +446,7 @@ def test_a_hold_never_shortens_the_key_and_extends_keep_it(
 
 
 def test_operators_deletions_and_hand_over_end_the_record(
-    make: Make, redis_nodes: RedisCluster
+    make: Make, redis_nodes: RedisNodes
 ) -> None:
     redlock = _lock(make, redis_nodes)
     for key in ("op:1", "op:2"):
@@ -464,7 +464,7 @@ def test_operators_deletions_and_hand_over_end_the_record(
 # -- several keys taken together (commands.py), on both drivers ---------------------------
 
 
-def test_a_set_of_keys_is_taken_whole_or_not_at_all(make: Make, redis_nodes: RedisCluster) -> None:
+def test_a_set_of_keys_is_taken_whole_or_not_at_all(make: Make, redis_nodes: RedisNodes) -> None:
     clients = _clients(redis_nodes)
     redlock, other = _lock(make, redis_nodes), _lock(make, redis_nodes)
     lease = redlock.acquire(["set:b", "set:a"])

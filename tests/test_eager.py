@@ -25,7 +25,7 @@ from celery import Celery
 
 from celery_redlock import LockContended, QuorumUnavailable, Redlock, RedlockTask
 from celery_redlock.skipped import is_skipped
-from celery_redlock.testing import RedisCluster
+from celery_redlock.testing import RedisNodes
 
 pytestmark = pytest.mark.parametrize("propagates", [False, True], ids=["stored", "raised"])
 
@@ -40,7 +40,7 @@ def recorder() -> Iterator[Recorder]:
 NODE_TIMEOUT = 0.5
 
 
-def _eager_app(nodes: RedisCluster, propagates: bool) -> Celery:
+def _eager_app(nodes: RedisNodes, propagates: bool) -> Celery:
     """Default lock settings (1 s first backoff, 20 lock retries) but a node_timeout
     no scheduler hiccup of a loaded machine reaches: a healthy node must never look down."""
     app = Celery("eager", set_as_current=False)
@@ -71,9 +71,9 @@ def _outcome(call: Any, propagates: bool) -> Any:
 
 
 def test_an_outage_surfaces_at_once_without_inline_retries(
-    redis_cluster_factory: Any, recorder: Recorder, propagates: bool
+    redis_nodes_factory: Any, recorder: Recorder, propagates: bool
 ) -> None:
-    nodes: RedisCluster = redis_cluster_factory(3)
+    nodes: RedisNodes = redis_nodes_factory(3)
     ran: list[float] = []
     job = _job(_eager_app(nodes, propagates), ran)
     for server in nodes:
@@ -87,7 +87,7 @@ def test_an_outage_surfaces_at_once_without_inline_retries(
 
 
 def test_a_contended_copy_waits_inline_for_the_holder_then_runs(
-    redis_nodes: RedisCluster, recorder: Recorder, propagates: bool
+    redis_nodes: RedisNodes, recorder: Recorder, propagates: bool
 ) -> None:
     ran: list[float] = []
     job = _job(_eager_app(redis_nodes, propagates), ran)
@@ -119,7 +119,7 @@ def test_a_contended_copy_waits_inline_for_the_holder_then_runs(
 
 @pytest.mark.parametrize("exhausted", ["fail", "skip"])
 def test_the_inline_wait_ends_after_the_holders_ttl(
-    redis_nodes: RedisCluster, recorder: Recorder, propagates: bool, exhausted: str
+    redis_nodes: RedisNodes, recorder: Recorder, propagates: bool, exhausted: str
 ) -> None:
     ran: list[float] = []
     job = _job(_eager_app(redis_nodes, propagates), ran, redlock_on_retries_exhausted=exhausted)

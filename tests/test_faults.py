@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 
 from celery_redlock import QuorumUnavailable, Redlock
-from celery_redlock.testing import FaultProxyFactory, RedisClusterFactory, RedisServerFactory
+from celery_redlock.testing import FaultProxyFactory, RedisNodesFactory, RedisServerFactory
 from tools.faultlab.clocks import clock_rate, libfaketime, wall_clock_jump
 from tools.faultlab.crashes import contention, minority_crash, quorum_loss, restart_control
 from tools.faultlab.lab import NODE_TIMEOUT, Lab, RowResult, expect_safe
@@ -119,11 +119,11 @@ def test_checker_finds_each_kind_of_violation_in_a_made_up_log(tmp_path: Path) -
 @pytest.fixture
 def lab(
     tmp_path: Path,
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
     redis_server_factory: RedisServerFactory,
     fault_proxy_factory: FaultProxyFactory,
 ) -> Lab:
-    return Lab(tmp_path, redis_cluster_factory, redis_server_factory, fault_proxy_factory)
+    return Lab(tmp_path, redis_nodes_factory, redis_server_factory, fault_proxy_factory)
 
 
 @pytest.fixture

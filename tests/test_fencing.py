@@ -20,7 +20,7 @@ from observe import settles
 
 from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.fencing import fence_key, fenced_set, sql_fenced_update
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 #: The paused holder's lease: long enough that its fenced acquire (two rounds) fits
 #: with room to spare on a loaded machine, short enough for 20 pauses past it.
@@ -104,7 +104,7 @@ def _stacks(db_path: Path, pid: Optional[int]) -> str:
 
 @pytest.mark.slow
 def test_paused_holders_stale_writes_are_refused_by_redis_and_sql(
-    redis_nodes: RedisCluster, redis_server_factory: Any, tmp_path: Path
+    redis_nodes: RedisNodes, redis_server_factory: Any, tmp_path: Path
 ) -> None:
     store: RedisServer = redis_server_factory()
     db_path = tmp_path / "reports.db"
@@ -178,9 +178,9 @@ def test_sql_helper_rejects_names_that_are_not_identifiers(tmp_path: Path) -> No
 
 
 def test_fences_rise_across_processes_and_survive_a_minority_restart_with_data(
-    redis_cluster_factory: Any,
+    redis_nodes_factory: Any,
 ) -> None:
-    cluster: RedisCluster = redis_cluster_factory(5, appendonly=True)
+    cluster: RedisNodes = redis_nodes_factory(5, appendonly=True)
     redlock = Redlock(cluster.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     fences = []
     for i in range(30):
@@ -198,13 +198,13 @@ def test_fences_rise_across_processes_and_survive_a_minority_restart_with_data(
 
 @pytest.mark.parametrize("clock_term", [True, False], ids=["with-clock-term", "control"])
 def test_fences_rise_across_a_delayed_restart_without_persistence(
-    redis_cluster_factory: Any, fault_proxy_factory: Any, clock_term: bool
+    redis_nodes_factory: Any, fault_proxy_factory: Any, clock_term: bool
 ) -> None:
     # The model checker's trace, on real servers: A's fence is recorded on exactly a
     # quorum {0, 1}; node 0 then restarts empty after a delayed restart (longer than
     # the TTL); B's quorum {0, 2} meets A's only at node 0, whose counter is gone.
     # The control runs the counter-only scheme (clock term off) and must go wrong.
-    cluster: RedisCluster = redis_cluster_factory(3)
+    cluster: RedisNodes = redis_nodes_factory(3)
     hidden = fault_proxy_factory(cluster[2])
     hidden.blackhole()  # node 2 never sees A's acquire or fence
     a = Redlock(
@@ -237,15 +237,15 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
 
 @pytest.mark.parametrize("keys", [["counted"], ["counted:a", "counted:b"]], ids=["one", "set"])
 def test_fence_counters_expire_a_week_after_their_last_fence_and_fences_still_rise(
-    redis_cluster_factory: Any, keys: list[str]
+    redis_nodes_factory: Any, keys: list[str]
 ) -> None:
     """One counter per distinct key ever fenced must not fill a ``noeviction`` node:
     each expires FENCE_COUNTER_TTL after the last fence recorded on it, refreshed by
     every later one. With the counters gone (expired, as after a week of silence),
     the clock term still puts the next fence above the last."""
-    from celery_redlock.holders import FENCE_COUNTER_TTL, fence_counter
+    from celery_redlock.lock.stored import FENCE_COUNTER_TTL, fence_counter
 
-    cluster: RedisCluster = redis_cluster_factory(3)
+    cluster: RedisNodes = redis_nodes_factory(3)
     redlock = Redlock(cluster.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     clients = [server.client() for server in cluster]
     target = keys if len(keys) > 1 else keys[0]

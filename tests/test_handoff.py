@@ -1,4 +1,4 @@
-"""Hand-off to waiting duplicates, the lock nodes' side (celery_redlock.handoff), on
+"""Hand-off to waiting duplicates, the lock nodes' side (celery_redlock.lock.waiters), on
 real redis-server processes: the waiter queue's order and expiry, and the claim that
 lets exactly one of a waiter's two copies go on."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from celery_redlock import Redlock
-from celery_redlock.handoff import (
+from celery_redlock.lock.waiters import (
     CLAIM_LOST,
     CLAIM_UNDECIDED,
     CLAIM_WON,
@@ -19,17 +19,17 @@ from celery_redlock.handoff import (
     pop_next,
     register,
 )
-from celery_redlock.testing import RedisCluster, RedisClusterFactory
+from celery_redlock.testing import RedisNodes, RedisNodesFactory
 
 TIMEOUT = 0.5
 
 
 @pytest.fixture
-def three(redis_cluster_factory: RedisClusterFactory) -> RedisCluster:
-    return redis_cluster_factory(3)
+def three(redis_nodes_factory: RedisNodesFactory) -> RedisNodes:
+    return redis_nodes_factory(3)
 
 
-def test_waiters_are_popped_in_arrival_order_once_each(three: RedisCluster) -> None:
+def test_waiters_are_popped_in_arrival_order_once_each(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
     for name, score in (("w-late", 300), ("w-first", 100), ("w-mid", 200)):
         assert register(nodes, "k", name, score, f"message {name}", 30.0, TIMEOUT) == 3
@@ -40,7 +40,7 @@ def test_waiters_are_popped_in_arrival_order_once_each(three: RedisCluster) -> N
     assert all(not node.client().keys("*") for node in three)
 
 
-def test_an_expired_waiter_is_skipped(three: RedisCluster) -> None:
+def test_an_expired_waiter_is_skipped(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
     register(nodes, "k", "w-dead", 1, "dead", 0.05, TIMEOUT)
     register(nodes, "k", "w-live", 2, "live", 30.0, TIMEOUT)
@@ -49,7 +49,7 @@ def test_an_expired_waiter_is_skipped(three: RedisCluster) -> None:
     assert popped is not None and popped.waiter == "w-live"
 
 
-def test_a_waiter_registered_on_a_minority_is_still_woken_later(three: RedisCluster) -> None:
+def test_a_waiter_registered_on_a_minority_is_still_woken_later(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
     register(nodes, "k", "w-2", 2, "two", 30.0, TIMEOUT)
     three[0].kill()
@@ -58,7 +58,7 @@ def test_a_waiter_registered_on_a_minority_is_still_woken_later(three: RedisClus
     assert pop_next(nodes, "k", TIMEOUT).waiter == "w-2"  # type: ignore[union-attr]
 
 
-def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisCluster) -> None:
+def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisNodes) -> None:
     def run(copy: str, waiter: str, start: threading.Barrier, verdicts: dict[str, str]) -> None:
         nodes = Redlock(three.urls).node_set
         start.wait()
@@ -78,14 +78,14 @@ def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisCluste
         assert sorted(verdicts.values()) == [CLAIM_LOST, CLAIM_WON], verdicts
 
 
-def test_a_redelivered_copy_finds_its_own_claim(three: RedisCluster) -> None:
+def test_a_redelivered_copy_finds_its_own_claim(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == (CLAIM_WON, {})
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
     assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT).verdict == CLAIM_LOST
 
 
-def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisCluster) -> None:
+def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisNodes) -> None:
     three[0].kill()
     three[1].kill()
     nodes = Redlock(three.urls).node_set

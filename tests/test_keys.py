@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kombu.utils import json as kombu_json
 
 from celery_redlock.errors import ConfigurationError, LockKeyError
-from celery_redlock.keys import KeySpec, lock_key, validate_spec
+from celery_redlock.tasks.keys import KeySpec, lock_key, validate_spec
 
 TASK = "proj.tasks.import_customer"
 # Celery's default json serializer (kombu's functions are untyped).

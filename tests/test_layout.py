@@ -7,6 +7,8 @@ import cycle hidden that way is still a cycle.
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,41 +16,41 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "celery_redlock"
 
-#: Rooms that must not reach Celery: the lock itself and everything under it.
-CELERY_FREE = (
+#: The map of the house: each room (a folder, or a public module at the top) and the
+#: rooms it may reach, directly or through other modules. Every module falls in one
+#: room; a room missing here fails ``test_every_module_has_a_room``. README's "How the
+#: code is laid out" shows this table (``test_readme_shows_the_map``).
+MAY_REACH: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "signals": frozenset(),
+    "skipped": frozenset(),
+    "_moved": frozenset(),
+    "testing": frozenset(),
+    "wire": frozenset({"errors"}),
+    "lock": frozenset({"wire", "errors"}),
+    "asyncio": frozenset({"lock", "wire", "errors"}),
+    "fencing": frozenset({"lock", "wire", "errors"}),
+    "metrics": frozenset({"signals"}),
+    "tasks": frozenset({"lock", "wire", "errors", "signals", "skipped"}),
+    "beat": frozenset({"tasks", "lock", "wire", "errors", "signals", "skipped"}),
+    "cli": frozenset({"tasks", "lock", "wire", "errors", "signals", "skipped"}),
+    "contrib": frozenset({"beat", "tasks", "lock", "wire", "errors", "signals", "skipped"}),
+    "": frozenset({"_moved", "tasks", "lock", "wire", "errors", "signals", "skipped"}),
+}
+#: Rooms that must not reach Celery (or kombu), through any module they import.
+CELERY_FREE = ("wire", "lock", "asyncio", "errors", "skipped", "fencing", "testing", "_moved")
+#: Modules with no imports from the package at all (plain data or pure logic).
+SELF_CONTAINED = (
     "errors",
-    "validate",
-    "resp",
-    "round",
-    "connection",
-    "node",
-    "nodes",
-    "holders",
-    "lease",
-    "watchdog",
-    "renewals",
-    "extension",
-    "redlock",
-    "scripts",
-    "fencing",
-    "canonical",
-    "finisher",
-    "admin",
-    "unpatched",
-    "background",
-    "skipped",
-    "rules",
-    "quorum",
-    "asyncio",
-    "asyncio.redlock",
-    "asyncio.nodes",
-    "asyncio.connection",
-    "asyncio.wake",
+    "wire.round",
+    "wire.script",
+    "wire.unpatched",
+    "lock.stored",
+    "tasks.headers",
+    "signals",
 )
-#: Rooms with no imports from the package at all (plain data or pure logic).
-SELF_CONTAINED = ("errors", "round", "holders", "headers", "lua", "signals", "unpatched")
-#: Rooms split by feature that import only their own parts.
-SPLIT_ROOMS = {"scripts": {"lua", "multi_scripts"}, "multi_scripts": {"lua"}}
+#: Sans-IO: fed replies, no sockets and no clock.
+SANS_IO = ("wire.round", "lock.steps", "lock.quorum", "lock.acquire_replies", "lock.extend_replies")
 #: The largest a module may grow before it wants splitting by concern.
 MAX_MODULE_LINES = 550
 MAX_FUNCTION_LINES = 80
@@ -61,6 +63,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
@@ -98,6 +101,7 @@ def _third_party(path: Path) -> set[str]:
     return found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {
@@ -132,35 +136,88 @@ def test_the_package_has_no_import_cycle() -> None:
             visit(name)
 
 
+def _room(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def _reached(graph: dict[str, set[str]], name: str) -> set[str]:
+    """Every package module ``name`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen and target != name:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_every_module_has_a_room() -> None:
+    assert {name: _room(name) for name in _modules() if _room(name) not in MAY_REACH} == {}
+
+
+@pytest.mark.parametrize("room", sorted(MAY_REACH))
+def test_rooms_reach_only_the_rooms_the_map_allows(room: str) -> None:
+    graph = _graph()
+    wrong = {
+        f"{name} -> {target}"
+        for name in graph
+        if _room(name) == room
+        for target in _reached(graph, name)
+        if _room(target) not in MAY_REACH[room] | {room}
+    }
+    assert wrong == set(), f"{room} reaches rooms the map does not allow"
+
+
 @pytest.mark.parametrize("room", CELERY_FREE)
-def test_the_lock_rooms_never_import_celery(room: str) -> None:
-    path = _modules()[room]
-    assert "celery" not in _third_party(path), f"{room}.py imports Celery"
-    reached = _graph()[room]
-    assert not reached & {"task", "beat", "config", "options", "queue_once", "cli"}, (
-        f"{room}.py imports a Celery-facing room: {sorted(reached)}"
-    )
+def test_celery_free_rooms_never_reach_celery(room: str) -> None:
+    modules, graph = _modules(), _graph()
+    wrong = {
+        f"{name} -> {target}"
+        for name in graph
+        if _room(name) == room
+        for target in {name} | _reached(graph, name)
+        if _third_party(modules[target]) & {"celery", "kombu", "django"}
+    }
+    assert wrong == set(), f"{room} reaches Celery"
 
 
-@pytest.mark.parametrize("room", SELF_CONTAINED)
-def test_self_contained_rooms_import_nothing_from_the_package(room: str) -> None:
-    assert _graph()[room] <= {"errors"} if room != "errors" else not _graph()[room]
+@pytest.mark.parametrize("name", SELF_CONTAINED)
+def test_self_contained_modules_import_nothing_from_the_package(name: str) -> None:
+    assert _graph()[name] <= {"errors"} if name != "errors" else not _graph()[name]
 
 
-@pytest.mark.parametrize("room", sorted(SPLIT_ROOMS))
-def test_split_rooms_import_only_their_parts(room: str) -> None:
-    assert _graph()[room] <= SPLIT_ROOMS[room]
+@pytest.mark.parametrize("name", SANS_IO)
+def test_sans_io_modules_have_no_sockets_and_no_clock(name: str) -> None:
+    # The sync driver and the asyncio driver feed the same machines.
+    io = {"socket", "select", "ssl", "time", "asyncio", "threading"}
+    assert _third_party(_modules()[name]) & io == set()
 
 
-def test_the_round_has_no_sockets_and_no_clock() -> None:
-    # The sans-IO round: the sync driver and an asyncio driver feed the same machine.
-    assert not _third_party(_modules()["round"]) & {"socket", "select", "ssl", "time", "asyncio"}
-
-
-def test_the_testing_kit_imports_nothing_of_the_lock() -> None:
-    for name, targets in _graph().items():
-        if name.startswith("testing"):
-            assert all(t.startswith("testing") for t in targets), (name, targets)
+def test_readme_shows_the_map() -> None:
+    """README's room table says what MAY_REACH says, and its module table lists every
+    module of the package where it lives."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
+    room_table = section.split("| room |", 1)[1].split("\n\n", 1)[0]
+    rooms = {}
+    for line in room_table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[2] != "may reach":
+            reach = {c.strip("` ") for c in cells[2].split(",")} - {"nothing"}
+            rooms[cells[0].strip("`").rstrip("/").removesuffix(".py")] = frozenset(reach)
+    shown = {("" if r == "celery_redlock" else r): v for r, v in rooms.items()}
+    assert shown == MAY_REACH
+    module_table = section.split("| module |", 1)[1].split("\n\n", 1)[0]
+    firsts = [line.strip("|").split("|")[0] for line in module_table.splitlines()]
+    listed = {m for cell in firsts for m in re.findall(r"`([a-z_/]+\.py)`", cell)}
+    files = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert files - listed == set(), "modules README does not list"
+    assert listed - files == set(), "README lists modules that do not exist"
 
 
 def test_no_module_outgrows_a_room() -> None:

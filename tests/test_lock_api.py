@@ -12,8 +12,8 @@ import redis
 from observe import settles, until
 
 from celery_redlock import ConfigurationError, Lease, LockLost, QuorumUnavailable, Redlock
-from celery_redlock.holders import fence_counter, tombstone
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.lock.stored import fence_counter, tombstone
+from celery_redlock.testing import RedisNodes, RedisServer
 
 NODE_TIMEOUT = 1.0
 KEY_TTL = 30.0
@@ -21,31 +21,31 @@ FOREIGN = b"someone-else-entirely|other-host:1"
 TOKEN = "caller-chosen-token-0123456789"
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
-def _lock(cluster: RedisCluster, **kwargs: Any) -> Redlock:
+def _lock(cluster: RedisNodes, **kwargs: Any) -> Redlock:
     return Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, **kwargs)
 
 
-def _values(cluster: RedisCluster, key: str) -> list[Any]:
+def _values(cluster: RedisNodes, key: str) -> list[Any]:
     return [c.get(key) for c in _clients(cluster)]
 
 
-def _settled(cluster: RedisCluster, key: str, expected: list[Any]) -> None:
+def _settled(cluster: RedisNodes, key: str, expected: list[Any]) -> None:
     """Wait until every node holds ``expected`` under ``key``: a round returns at
     quorum, the other nodes' copies follow."""
     settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")
 
 
-def _overwrite(cluster: RedisCluster, key: str) -> None:
+def _overwrite(cluster: RedisNodes, key: str) -> None:
     """Another holder took ``key`` on every node (as after our lease ran out)."""
     for client in _clients(cluster):
         client.set(key, FOREIGN, px=int(KEY_TTL * 1000))
 
 
-def _held_then_cut(cluster: RedisCluster, key: str) -> tuple[Redlock, Lease]:
+def _held_then_cut(cluster: RedisNodes, key: str) -> tuple[Redlock, Lease]:
     """A lease on ``key``, then a majority of the nodes killed."""
     redlock = Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=0.2)
     lease = redlock.acquire(key)
@@ -59,7 +59,7 @@ def _held_then_cut(cluster: RedisCluster, key: str) -> tuple[Redlock, Lease]:
 
 
 def test_release_is_true_when_a_quorum_deleted_and_false_once_released(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     lease = _lock(redis_nodes).acquire("rel")
     assert lease is not None
@@ -69,7 +69,7 @@ def test_release_is_true_when_a_quorum_deleted_and_false_once_released(
 
 
 def test_release_of_a_lease_another_holder_took_is_false_and_leaves_it(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     lease = _lock(redis_nodes).acquire("taken")
     assert lease is not None
@@ -79,7 +79,7 @@ def test_release_of_a_lease_another_holder_took_is_false_and_leaves_it(
 
 
 def test_release_value_of_an_absent_key_is_false_and_still_leaves_tombstones(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     value = f"{TOKEN}|elsewhere:1"
     assert _lock(redis_nodes).release_value("never", value) is False
@@ -91,7 +91,7 @@ def test_release_value_of_an_absent_key_is_false_and_still_leaves_tombstones(
     )
 
 
-def test_release_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisCluster) -> None:
+def test_release_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisNodes) -> None:
     _, lease = _held_then_cut(redis_nodes, "cut")
     with pytest.raises(QuorumUnavailable) as caught:
         lease.release()
@@ -100,7 +100,7 @@ def test_release_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisCl
 
 
 def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes)
     with pytest.raises(LockLost, match="no longer held"), redlock.lock("gone"):
@@ -119,7 +119,7 @@ def test_leaving_the_block_raises_lock_lost_when_the_lease_was_lost(
 # -- server-side queries ---------------------------------------------------------------
 
 
-def test_locked_and_owned_ask_the_nodes(redis_nodes: RedisCluster) -> None:
+def test_locked_and_owned_ask_the_nodes(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     other = _lock(redis_nodes)
     assert redlock.locked("q") is False
@@ -135,7 +135,7 @@ def test_locked_and_owned_ask_the_nodes(redis_nodes: RedisCluster) -> None:
     assert other.locked("q") is False  # only a minority holds it
 
 
-def test_queries_without_a_quorum_raise_quorum_unavailable(redis_nodes: RedisCluster) -> None:
+def test_queries_without_a_quorum_raise_quorum_unavailable(redis_nodes: RedisNodes) -> None:
     redlock, lease = _held_then_cut(redis_nodes, "dark")
     with pytest.raises(QuorumUnavailable):
         redlock.locked("dark")
@@ -147,7 +147,7 @@ def test_queries_without_a_quorum_raise_quorum_unavailable(redis_nodes: RedisClu
 
 
 def test_a_caller_chosen_token_lets_another_lock_extend_and_release(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     lease = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT).acquire(
         "handed", token=TOKEN, holder="first:1"
@@ -223,7 +223,7 @@ def test_a_bad_argument_of_the_new_calls_gets_a_clear_error(
 
 
 def test_force_release_deletes_whoever_holds_it_and_keeps_the_fence(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes, fencing=True)
     first = redlock.acquire("stuck")
@@ -238,7 +238,7 @@ def test_force_release_deletes_whoever_holds_it_and_keeps_the_fence(
     assert first.release() is False
 
 
-def test_clear_deletes_matching_lock_keys_only(redis_nodes: RedisCluster) -> None:
+def test_clear_deletes_matching_lock_keys_only(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes, fencing=True)
     for name in ("job:1", "job:2", "job:3", "other"):
         lease = redlock.acquire(name)
@@ -252,7 +252,7 @@ def test_clear_deletes_matching_lock_keys_only(redis_nodes: RedisCluster) -> Non
     assert redlock.clear() == 1
 
 
-def test_clear_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisCluster) -> None:
+def test_clear_without_a_quorum_raises_quorum_unavailable(redis_nodes: RedisNodes) -> None:
     redlock, _ = _held_then_cut(redis_nodes, "c:1")
     with pytest.raises(QuorumUnavailable):
         redlock.clear("c:*")

@@ -31,7 +31,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_redlock import RedlockTask, metrics, signals
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 NAMES = (
@@ -57,7 +57,7 @@ def broker(redis_server_factory: Any) -> RedisServer:
 
 
 @pytest.fixture
-def app(broker: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery]:
+def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     app = Celery("redlock_metrics", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.task_create_missing_queues = True
     app.conf.redlock_nodes = redis_nodes.urls
@@ -268,7 +268,7 @@ def test_a_lost_lease_is_counted_once_and_is_not_subtracted_again_on_release(
     worker: Any,
     tasks: dict[str, Any],
     registry: CollectorRegistry,
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     gates: dict[str, threading.Event],
     seen: SignalSeen,
 ) -> None:
@@ -439,7 +439,7 @@ def _gauge_files(directory: Path) -> set[str]:
 
 
 def test_prefork_children_are_added_up_in_multiprocess_mode(
-    broker: RedisServer, redis_nodes: RedisCluster, tmp_path: Path
+    broker: RedisServer, redis_nodes: RedisNodes, tmp_path: Path
 ) -> None:
     """The documented prefork recipe, for real: ``PROMETHEUS_MULTIPROC_DIR``,
     ``metrics.serve`` in ``worker_init`` and ``mark_process_dead`` in

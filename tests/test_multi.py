@@ -22,9 +22,9 @@ from celery_redlock import (
     QuorumUnavailable,
     Redlock,
 )
-from celery_redlock.commands import MAX_KEYS
-from celery_redlock.holders import fence_counter, tombstone
-from celery_redlock.testing import RedisCluster
+from celery_redlock.lock.commands import MAX_KEYS
+from celery_redlock.lock.stored import fence_counter, tombstone
+from celery_redlock.testing import RedisNodes
 
 NODE_TIMEOUT = 0.5
 KEY_TTL = 30.0
@@ -32,26 +32,26 @@ LIST_RULE = r"key must be a non-empty str or a list of 1\.\.64 distinct non-empt
 FOREIGN = b"someone-elses-token-0123|elsewhere:1"
 
 
-def _lock(cluster: RedisCluster, **kwargs: Any) -> Redlock:
+def _lock(cluster: RedisNodes, **kwargs: Any) -> Redlock:
     return Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, **kwargs)
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
-def _values(cluster: RedisCluster, key: str) -> list[Any]:
+def _values(cluster: RedisNodes, key: str) -> list[Any]:
     return [c.get(key) for c in _clients(cluster)]
 
 
-def _settle(cluster: RedisCluster, keys: list[str], expected: list[Any]) -> None:
+def _settle(cluster: RedisNodes, keys: list[str], expected: list[Any]) -> None:
     """Wait until every node holds ``expected`` under each of ``keys``: a round
     returns at quorum, the other nodes' copies follow."""
     for key in keys:
         settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")  # noqa: B023
 
 
-def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: RedisCluster) -> None:
+def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["b", "a"])
     assert lease is not None
@@ -66,7 +66,7 @@ def test_keys_are_taken_in_canonical_order_and_named_together(redis_nodes: Redis
     assert single.release() is True
 
 
-def test_overlapping_sets_contend_and_the_loser_sets_no_key(redis_nodes: RedisCluster) -> None:
+def test_overlapping_sets_contend_and_the_loser_sets_no_key(redis_nodes: RedisNodes) -> None:
     first = _lock(redis_nodes).acquire(["a", "b"])
     assert first is not None
     _settle(redis_nodes, ["a", "b"], [first.value.encode()] * 5)  # held on every node
@@ -92,7 +92,7 @@ def test_overlapping_sets_contend_and_the_loser_sets_no_key(redis_nodes: RedisCl
 
 
 def test_a_node_where_one_key_is_held_by_someone_else_grants_neither(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     clients = _clients(redis_nodes)
     for client in clients[:2]:
@@ -112,7 +112,7 @@ def test_a_node_where_one_key_is_held_by_someone_else_grants_neither(
     _settle(redis_nodes, ["b"], [FOREIGN] * 3 + [None] * 2)
 
 
-def test_quorum_with_two_of_five_nodes_down(redis_nodes: RedisCluster) -> None:
+def test_quorum_with_two_of_five_nodes_down(redis_nodes: RedisNodes) -> None:
     redis_nodes[3].kill()
     redis_nodes[4].kill()
     redlock = _lock(redis_nodes)
@@ -129,7 +129,7 @@ def test_quorum_with_two_of_five_nodes_down(redis_nodes: RedisCluster) -> None:
         redlock.acquire(["x", "y"], blocking=False)
 
 
-def test_extend_and_release_cover_the_whole_set(redis_nodes: RedisCluster) -> None:
+def test_extend_and_release_cover_the_whole_set(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["p", "q", "r"], ttl=KEY_TTL)
     assert lease is not None
@@ -150,7 +150,7 @@ def test_extend_and_release_cover_the_whole_set(redis_nodes: RedisCluster) -> No
     _settle(redis_nodes, ["p", "r"], [None] * 5)
 
 
-def test_release_leaves_a_tombstone_for_each_absent_key(redis_nodes: RedisCluster) -> None:
+def test_release_leaves_a_tombstone_for_each_absent_key(redis_nodes: RedisNodes) -> None:
     lease = _lock(redis_nodes).acquire(["t1", "t2"])
     assert lease is not None
     _settle(redis_nodes, ["t1", "t2"], [lease.value.encode()] * 5)
@@ -166,7 +166,7 @@ def test_release_leaves_a_tombstone_for_each_absent_key(redis_nodes: RedisCluste
 
 
 def test_the_watchdog_extends_the_whole_set_through_a_lock_block(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=1.0, node_timeout=0.2)
     extended = threading.Event()
@@ -183,7 +183,7 @@ def test_the_watchdog_extends_the_whole_set_through_a_lock_block(
     _settle(redis_nodes, ["w1", "w2"], [None] * 5)
 
 
-def test_each_key_of_a_set_reads_as_held_by_its_holder(redis_nodes: RedisCluster) -> None:
+def test_each_key_of_a_set_reads_as_held_by_its_holder(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["h1", "h2"], holder="reporter")
     assert lease is not None
@@ -201,7 +201,7 @@ def test_each_key_of_a_set_reads_as_held_by_its_holder(redis_nodes: RedisCluster
     assert lease.release() is False
 
 
-def test_release_value_and_extend_value_take_the_list(redis_nodes: RedisCluster) -> None:
+def test_release_value_and_extend_value_take_the_list(redis_nodes: RedisNodes) -> None:
     lease = _lock(redis_nodes).acquire(["v1", "v2"])
     assert lease is not None
     _settle(redis_nodes, ["v1", "v2"], [lease.value.encode()] * 5)
@@ -218,7 +218,7 @@ def test_release_value_and_extend_value_take_the_list(redis_nodes: RedisCluster)
     assert elsewhere.extend_value(["v1", "v2"], lease.value) is False
 
 
-def test_a_fenced_set_orders_the_holders_of_each_key(redis_nodes: RedisCluster) -> None:
+def test_a_fenced_set_orders_the_holders_of_each_key(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes, fencing=True)
     lease = redlock.acquire(["f1", "f2"])
     assert lease is not None and lease.fence is not None
@@ -242,7 +242,7 @@ def test_a_fenced_set_orders_the_holders_of_each_key(redis_nodes: RedisCluster) 
 
 
 def test_a_key_of_a_held_set_is_already_held_by_this_execution(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes)
     lease = redlock.acquire(["s1", "s2"])
@@ -262,7 +262,7 @@ def test_a_key_of_a_held_set_is_already_held_by_this_execution(
     assert again is not None and again.release() is True
 
 
-def test_reentrant_takes_one_key(redis_nodes: RedisCluster) -> None:
+def test_reentrant_takes_one_key(redis_nodes: RedisNodes) -> None:
     with pytest.raises(ConfigurationError, match=r"reentrant=True takes one key"):
         _lock(redis_nodes).acquire(["a", "b"], reentrant=True)
 
@@ -289,7 +289,7 @@ def test_reentrant_takes_one_key(redis_nodes: RedisCluster) -> None:
     ],
 )
 def test_bad_key_lists_are_refused_naming_the_argument(
-    redis_nodes: RedisCluster, key: Any, message: str
+    redis_nodes: RedisNodes, key: Any, message: str
 ) -> None:
     redlock = _lock(redis_nodes)
     calls: list[Callable[[], object]] = [

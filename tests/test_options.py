@@ -11,8 +11,8 @@ import pytest
 from celery import Celery
 
 from celery_redlock import ConfigurationError, RedlockTask
-from celery_redlock.config import DEFAULTS, TASK_OPTIONS, TaskOptions, app_config
-from celery_redlock.options import OPTIONS, TaskAttribute, readme_table
+from celery_redlock.tasks.config import DEFAULTS, TASK_OPTIONS, TaskOptions, app_config
+from celery_redlock.tasks.options import OPTIONS, TaskAttribute, readme_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -32,7 +32,7 @@ def test_readme_configuration_table_matches_the_option_table() -> None:
     assert readme_configuration_table() == expected, (
         "README's configuration table disagrees with celery_redlock/options.py; "
         "replace it with the output of: python -c "
-        "'from celery_redlock.options import readme_table; print(readme_table())'"
+        "'from celery_redlock.tasks.options import readme_table; print(readme_table())'"
     )
 
 

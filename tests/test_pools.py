@@ -51,7 +51,7 @@ from test_celery_workers import (  # the observer's readers, shared with those t
 )
 
 from celery_redlock import LockContended
-from celery_redlock.testing import CeleryProcess, RedisCluster, wait_all_ready
+from celery_redlock.testing import CeleryProcess, RedisNodes, wait_all_ready
 
 TESTS_DIR = Path(__file__).resolve().parent
 CHECKOUT = TESTS_DIR.parent
@@ -368,7 +368,7 @@ def run_green_rounds(*args: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("hub", ["gevent", "eventlet"])
 def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_false_outage(
-    redis_nodes: RedisCluster, hub: str
+    redis_nodes: RedisNodes, hub: str
 ) -> None:
     """The herd's cause, without a worker: in a monkey-patched process, 50 greenlets each
     try once to take a key of their own, the process's first rounds, while another
@@ -384,7 +384,7 @@ def test_50_first_rounds_beside_a_greenlet_computing_in_100ms_slices_see_no_fals
 
 @pytest.mark.parametrize("hub", ["gevent", "eventlet"])
 def test_a_lease_lost_while_a_greenlet_computes_is_not_held_at_once_and_calls_back_on_the_hub(
-    redis_nodes: RedisCluster, hub: str
+    redis_nodes: RedisNodes, hub: str
 ) -> None:
     """The renewal thread is a real OS thread: it finds the lease lost (its key deleted
     from every node) while a greenlet computes without yielding, and ``held`` turns

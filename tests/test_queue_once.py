@@ -12,7 +12,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_redlock import AlreadyQueued, ConfigurationError, RedlockTask
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 QUEUE = "q1"
 
@@ -24,7 +24,7 @@ def broker(redis_server_factory: Any) -> RedisServer:
 
 
 @pytest.fixture
-def app(broker: RedisServer, redis_nodes: RedisCluster) -> Celery:
+def app(broker: RedisServer, redis_nodes: RedisNodes) -> Celery:
     app = Celery("queue_once", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.redlock_nodes = redis_nodes.urls
     # Healthy nodes must never look down: a node_timeout no scheduler hiccup reaches.
@@ -184,7 +184,7 @@ def plain(app: Celery, tasks: dict[str, Any]) -> Any:
     return plain_task
 
 
-def _queued_pttls(nodes: RedisCluster, key: str) -> list[int]:
+def _queued_pttls(nodes: RedisNodes, key: str) -> list[int]:
     """The queued lock's remaining TTL on each node, in ms (read by hand)."""
     return [int(server.client().pttl(key)) for server in nodes]
 
@@ -201,7 +201,7 @@ def test_per_call_on_queued_raise_overrides_the_task(
 
 
 def test_per_call_queued_ttl_sets_the_queue_place_ttl(
-    tasks: dict[str, Any], redis_nodes: RedisCluster
+    tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:
     tasks["import"].apply_async((21,), redlock={"queued_ttl": 5})
     key = tasks["import"].lock_key((21,), {}) + ":queued"
@@ -240,7 +240,7 @@ def test_celery_once_graceful_alias_returns_the_queued_copy(
 
 
 def test_celery_once_timeout_alias_sets_the_queue_place_ttl(
-    plain: Any, redis_nodes: RedisCluster
+    plain: Any, redis_nodes: RedisNodes
 ) -> None:
     plain.apply_async((25,), once={"timeout": 4})
     key = plain.lock_key((25,), {}) + ":queued"
@@ -287,7 +287,7 @@ def test_bad_per_call_options_are_refused_naming_them(
 
 
 def test_celery_once_class_attribute_sets_the_task_options(
-    app: Celery, broker: RedisServer, redis_nodes: RedisCluster
+    app: Celery, broker: RedisServer, redis_nodes: RedisNodes
 ) -> None:
     @app.task(
         shared=False,

@@ -30,7 +30,7 @@ from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import (
     CeleryProcess,
     RabbitMQNode,
-    RedisCluster,
+    RedisNodes,
     RedisServerFactory,
     find_rabbitmq_server,
     wait_all_ready,
@@ -57,7 +57,7 @@ def rabbitmq() -> Iterator[RabbitMQNode]:
 def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
     rabbitmq: RabbitMQNode,
     redis_server_factory: RedisServerFactory,
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     tmp_path: Path,
 ) -> None:
     backend = redis_server_factory()

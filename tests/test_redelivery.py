@@ -41,7 +41,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.result import AsyncResult
 
 from celery_redlock import QuorumUnavailable, Redlock
-from celery_redlock.testing import CeleryProcess, RedisCluster, RedisServer, wait_all_ready
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, wait_all_ready
 from celery_redlock.testing.children import process_state
 from tools.faultlab.evidence import RecordingClock
 
@@ -66,7 +66,7 @@ Worker = CeleryProcess
 @dataclass
 class Stack:
     broker: RedisServer
-    nodes: RedisCluster
+    nodes: RedisNodes
     node_clients: list[redis.Redis]  # one per lock node, decode_responses=True
     observer: redis.Redis
     client: Celery
@@ -91,7 +91,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with (
         RedisServer() as broker,
         RedisServer() as observer_server,
-        RedisCluster(3) as nodes,
+        RedisNodes(3) as nodes,
     ):
         env = dict(os.environ)
         env.update(

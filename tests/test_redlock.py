@@ -25,7 +25,7 @@ from celery_redlock import (
     Redlock,
     RedlockError,
 )
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 FOREIGN = b"someone-else|other-host:1"
 #: For rounds that must succeed: a deadline no loaded machine misses. Tests about the
@@ -37,11 +37,11 @@ KEY_TTL = 30.0
 RELEASED_WITHIN = KEY_TTL / 3
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
-def _keys_everywhere(cluster: RedisCluster, key: str) -> list[object]:
+def _keys_everywhere(cluster: RedisNodes, key: str) -> list[object]:
     return [c.get(key) for c in _clients(cluster)]
 
 
@@ -54,7 +54,7 @@ def _eventually(check: Callable[[], bool], within: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def _gone_everywhere(cluster: RedisCluster, key: str) -> None:
+def _gone_everywhere(cluster: RedisNodes, key: str) -> None:
     _eventually(
         lambda: _keys_everywhere(cluster, key) == [None] * len(cluster),
         RELEASED_WITHIN,
@@ -67,9 +67,9 @@ def _gone_everywhere(cluster: RedisCluster, key: str) -> None:
 
 @pytest.mark.parametrize("n", [3, 5])
 def test_acquire_succeeds_iff_a_quorum_of_nodes_is_free(
-    redis_cluster_factory: Callable[..., RedisCluster], n: int
+    redis_nodes_factory: Callable[..., RedisNodes], n: int
 ) -> None:
-    cluster = redis_cluster_factory(n)
+    cluster = redis_nodes_factory(n)
     clients = _clients(cluster)
     redlock = Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     need = n // 2 + 1
@@ -98,7 +98,7 @@ def test_acquire_succeeds_iff_a_quorum_of_nodes_is_free(
             )
 
 
-def test_contended_reply_names_the_holder_and_when_it_frees(redis_nodes: RedisCluster) -> None:
+def test_contended_reply_names_the_holder_and_when_it_frees(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=10, node_timeout=NODE_TIMEOUT)
     before = time.monotonic()
     lease = redlock.acquire("named", holder="task-1@worker-a:42")
@@ -129,7 +129,7 @@ def test_contended_reply_names_the_holder_and_when_it_frees(redis_nodes: RedisCl
 
 
 def test_expired_holder_cannot_release_or_extend_the_next_holders_lock(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     first = Redlock(redis_nodes.urls, ttl=1, node_timeout=0.5)
     second = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
@@ -153,7 +153,7 @@ def test_expired_holder_cannot_release_or_extend_the_next_holders_lock(
     _gone_everywhere(redis_nodes, "mine")
 
 
-def test_release_is_idempotent_and_leaves_other_keys_alone(redis_nodes: RedisCluster) -> None:
+def test_release_is_idempotent_and_leaves_other_keys_alone(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     a = redlock.acquire("a")
     b = redlock.acquire("b")
@@ -173,7 +173,7 @@ def test_release_is_idempotent_and_leaves_other_keys_alone(redis_nodes: RedisClu
 
 
 def test_validity_is_ttl_minus_elapsed_minus_drift_from_before_the_round(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=10, node_timeout=NODE_TIMEOUT, drift_factor=0.01)
     before = time.monotonic()
@@ -185,7 +185,7 @@ def test_validity_is_ttl_minus_elapsed_minus_drift_from_before_the_round(
     assert 0 < lease.validity <= 10 - margin
 
 
-def test_key_expires_at_ttl_and_can_be_taken_again(redis_nodes: RedisCluster) -> None:
+def test_key_expires_at_ttl_and_can_be_taken_again(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=1, node_timeout=0.5)
     lease = redlock.acquire("exp")
     assert lease is not None
@@ -200,7 +200,7 @@ def test_key_expires_at_ttl_and_can_be_taken_again(redis_nodes: RedisCluster) ->
     assert again is not None
 
 
-def test_extension_pushes_expiry_and_is_bounded_by_max_hold(redis_nodes: RedisCluster) -> None:
+def test_extension_pushes_expiry_and_is_bounded_by_max_hold(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=1, node_timeout=0.5, max_hold=3)
     lease = redlock.acquire("bounded")
     assert lease is not None
@@ -230,7 +230,7 @@ def test_single_node_lock_works(redis_server: RedisServer) -> None:
 
 
 def test_blocking_acquire_waits_for_the_holder_and_is_bounded_by_timeout(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     asked: list[float] = []  # every wait the acquire asks for
 
@@ -260,7 +260,7 @@ def test_blocking_acquire_waits_for_the_holder_and_is_bounded_by_timeout(
         pass
 
 
-def test_lock_context_manager_releases_on_error(redis_nodes: RedisCluster) -> None:
+def test_lock_context_manager_releases_on_error(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     with pytest.raises(ZeroDivisionError), redlock.lock("ctx") as lease:
         assert lease.held
@@ -276,7 +276,7 @@ def _count_extensions(lease: Lease, enough: int) -> threading.Event:
     return done
 
 
-def test_auto_extend_keeps_a_short_lease_for_long_work(redis_nodes: RedisCluster) -> None:
+def test_auto_extend_keeps_a_short_lease_for_long_work(redis_nodes: RedisNodes) -> None:
     ttl = 3.0
     redlock = Redlock(redis_nodes.urls, ttl=ttl, node_timeout=0.5)
     other = Redlock(redis_nodes.urls, ttl=ttl, node_timeout=0.5)
@@ -291,7 +291,7 @@ def test_auto_extend_keeps_a_short_lease_for_long_work(redis_nodes: RedisCluster
 
 
 def test_watchdog_marks_lease_lost_when_a_quorum_stops_answering(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=3, node_timeout=0.05)
     lost: list[tuple[str, float, float]] = []  # key, when, the deadline it had then
@@ -324,7 +324,7 @@ def test_watchdog_marks_lease_lost_when_a_quorum_stops_answering(
 
 
 def test_a_renewal_round_that_times_out_does_not_lose_the_lease(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., Any]
 ) -> None:
     # The replies of 3 of 5 nodes are held back: an extension round cannot reach a
     # quorum in time, as when the renewing thread is descheduled under CPU load.
@@ -347,7 +347,7 @@ def test_a_renewal_round_that_times_out_does_not_lose_the_lease(
 
 
 def test_an_extension_a_majority_refuses_loses_the_lease_at_once(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("refused")
@@ -370,7 +370,7 @@ def test_an_extension_a_majority_refuses_loses_the_lease_at_once(
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 @pytest.mark.parametrize("down", [1, 2])
 def test_minority_down_still_grants_within_node_timeout(
-    redis_nodes: RedisCluster, fault: str, down: int
+    redis_nodes: RedisNodes, fault: str, down: int
 ) -> None:
     # A deadline no healthy reply misses, even on a loaded machine: a round that
     # ends before it stopped at quorum, without waiting on the dead or hung nodes.
@@ -399,7 +399,7 @@ def test_minority_down_still_grants_within_node_timeout(
 
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_majority_down_fails_within_node_timeout_and_leaves_no_keys(
-    redis_nodes: RedisCluster, fault: str
+    redis_nodes: RedisNodes, fault: str
 ) -> None:
     # One node_timeout per attempt, not one per hung node: under 2 x node_timeout
     # whatever the load (three in a row would be 3 x).
@@ -438,7 +438,7 @@ def test_majority_down_fails_within_node_timeout_and_leaves_no_keys(
 
 
 def test_fresh_connections_to_hung_nodes_cost_one_node_timeout_not_n(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     servers = list(redis_nodes)
     for server in servers[:3]:
@@ -456,7 +456,7 @@ def test_fresh_connections_to_hung_nodes_cost_one_node_timeout_not_n(
 
 
 def test_late_reply_is_never_read_as_the_answer_to_a_later_command(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     servers = list(redis_nodes)
     redlock = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT)
@@ -485,7 +485,7 @@ def test_late_reply_is_never_read_as_the_answer_to_a_later_command(
     second.release()
 
 
-def test_forked_child_gets_fresh_connections(redis_nodes: RedisCluster) -> None:
+def test_forked_child_gets_fresh_connections(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("parent")
     assert lease is not None
@@ -506,7 +506,7 @@ def _child_acquires(redlock: Redlock, queue: Any) -> None:
     queue.put(("child-ok" if own is not None else "child-failed", contended))
 
 
-def test_script_flush_falls_back_to_eval(redis_nodes: RedisCluster) -> None:
+def test_script_flush_falls_back_to_eval(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     warm = redlock.acquire("flush")
     assert warm is not None
@@ -527,7 +527,7 @@ def _evalsha_calls(client: redis.Redis) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def test_one_command_per_node_per_acquire_and_per_release(redis_nodes: RedisCluster) -> None:
+def test_one_command_per_node_per_acquire_and_per_release(redis_nodes: RedisNodes) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     warm = redlock.acquire("count")
     assert warm is not None
@@ -553,7 +553,7 @@ def test_one_command_per_node_per_acquire_and_per_release(redis_nodes: RedisClus
 # -- fencing ----------------------------------------------------------------------------
 
 
-def test_fences_strictly_increase_from_holder_to_holder(redis_nodes: RedisCluster) -> None:
+def test_fences_strictly_increase_from_holder_to_holder(redis_nodes: RedisNodes) -> None:
     a = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     b = Redlock(redis_nodes.urls, ttl=5, node_timeout=NODE_TIMEOUT, fencing=True)
     fences = []
@@ -608,7 +608,7 @@ def _contend(
 
 @pytest.mark.slow
 def test_mutual_exclusion_under_contention_checked_by_an_independent_counter(
-    redis_nodes: RedisCluster, redis_server_factory: Callable[..., RedisServer]
+    redis_nodes: RedisNodes, redis_server_factory: Callable[..., RedisServer]
 ) -> None:
     observer = redis_server_factory()
     processes, rounds = 8, 260
@@ -646,7 +646,7 @@ def test_mutual_exclusion_under_contention_checked_by_an_independent_counter(
 
 
 def _scan_for_keys_without_ttl(
-    cluster: RedisCluster, stop: threading.Event, found: list[bytes]
+    cluster: RedisNodes, stop: threading.Event, found: list[bytes]
 ) -> None:
     clients = _clients(cluster)
     while not stop.is_set():
@@ -740,7 +740,7 @@ def test_unreachable_nodes_raise_quorum_unavailable_naming_each_node() -> None:
     assert "127.0.0.1:1/0" in str(caught.value)
 
 
-def test_redis_clients_are_accepted_as_nodes(redis_nodes: RedisCluster) -> None:
+def test_redis_clients_are_accepted_as_nodes(redis_nodes: RedisNodes) -> None:
     redlock = Redlock([server.client() for server in redis_nodes], ttl=5, node_timeout=NODE_TIMEOUT)
     lease = redlock.acquire("clients")
     assert lease is not None
@@ -749,7 +749,7 @@ def test_redis_clients_are_accepted_as_nodes(redis_nodes: RedisCluster) -> None:
 
 
 def test_a_release_that_overtakes_a_late_set_leaves_no_key_behind(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., Any]
 ) -> None:
     # The acquire returns once 3 fast nodes said yes; its SETs to 2 slow nodes are
     # still travelling when a release, on other connections, reaches those nodes.
@@ -783,9 +783,9 @@ def test_a_release_that_overtakes_a_late_set_leaves_no_key_behind(
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_first_acquire_after_the_nodes_restart_succeeds_on_fresh_connections(
-    redis_cluster_factory: Callable[..., RedisCluster], n: int
+    redis_nodes_factory: Callable[..., RedisNodes], n: int
 ) -> None:
-    cluster = redis_cluster_factory(n)
+    cluster = redis_nodes_factory(n)
     redlock = Redlock(cluster.urls, ttl=5, node_timeout=NODE_TIMEOUT)
     warm = redlock.acquire("restart")  # every node now has a pooled connection
     assert warm is not None
@@ -798,7 +798,7 @@ def test_first_acquire_after_the_nodes_restart_succeeds_on_fresh_connections(
 
 
 def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., Any]
 ) -> None:
     # Rounds stop reading at quorum, so the slowest node's replies are always owed.
     # They must be drained, not let pile up until the connection is dropped: a
@@ -827,7 +827,7 @@ def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
 
 
 def test_a_release_after_script_flush_reaches_the_node_the_round_did_not_wait_for(
-    redis_nodes: RedisCluster, fault_proxy_factory: Callable[..., Any]
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., Any]
 ) -> None:
     # The release returns once a quorum answered; the held-back node's reply is
     # NOSCRIPT (its scripts were flushed) and arrives after: it must still be resent

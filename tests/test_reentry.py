@@ -23,39 +23,39 @@ from celery_redlock import (
     QuorumUnavailable,
     Redlock,
     RedlockTask,
-    scripts,
 )
-from celery_redlock.config import app_config
-from celery_redlock.holders import FIRST_HOLD, reentry_holds
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.lock import scripts
+from celery_redlock.lock.stored import FIRST_HOLD, reentry_holds
+from celery_redlock.tasks.config import app_config
+from celery_redlock.testing import RedisNodes, RedisServer
 
 NODE_TIMEOUT = 0.5
 KEY_TTL = 30.0
 
 
-def _lock(cluster: RedisCluster, **kwargs: Any) -> Redlock:
+def _lock(cluster: RedisNodes, **kwargs: Any) -> Redlock:
     return Redlock(cluster.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT, **kwargs)
 
 
-def _clients(cluster: RedisCluster) -> list[redis.Redis]:
+def _clients(cluster: RedisNodes) -> list[redis.Redis]:
     return [server.client() for server in cluster]
 
 
-def _holds(cluster: RedisCluster, key: str, value: str) -> list[int]:
+def _holds(cluster: RedisNodes, key: str, value: str) -> list[int]:
     """How many holds each node counts for ``value`` (0: no set)."""
     return [int(c.scard(reentry_holds(key, value))) for c in _clients(cluster)]
 
 
-def _values(cluster: RedisCluster, key: str) -> list[Any]:
+def _values(cluster: RedisNodes, key: str) -> list[Any]:
     return [c.get(key) for c in _clients(cluster)]
 
 
-def _settled_holds(cluster: RedisCluster, key: str, value: str, expected: list[int]) -> None:
+def _settled_holds(cluster: RedisNodes, key: str, value: str, expected: list[int]) -> None:
     """Wait until the nodes count ``expected`` holds: a round returns at quorum."""
     settles(lambda: _holds(cluster, key, value), expected, f"the holds of {key!r} on every node")
 
 
-def _settled_values(cluster: RedisCluster, key: str, expected: list[Any]) -> None:
+def _settled_values(cluster: RedisNodes, key: str, expected: list[Any]) -> None:
     settles(lambda: _values(cluster, key), expected, f"{key!r} on every node")
 
 
@@ -69,7 +69,7 @@ def _in_thread(redlock: Redlock, key: str) -> Any:
 
 
 def test_reentrant_acquires_count_holds_on_the_nodes_and_the_last_release_frees(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes)
     outer = redlock.acquire("report")
@@ -92,7 +92,7 @@ def test_reentrant_acquires_count_holds_on_the_nodes_and_the_last_release_frees(
     assert _in_thread(redlock, "report") is not None
 
 
-def test_holds_may_be_released_in_any_order(redis_nodes: RedisCluster) -> None:
+def test_holds_may_be_released_in_any_order(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     outer = redlock.acquire("order")
     assert outer is not None
@@ -108,7 +108,7 @@ def test_holds_may_be_released_in_any_order(redis_nodes: RedisCluster) -> None:
 
 
 def test_without_reentrant_a_held_key_raises_already_held_at_once(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     def no_waiting(seconds: float) -> None:
         raise AssertionError(f"waited {seconds}s for its own lock")
@@ -130,12 +130,12 @@ def test_without_reentrant_a_held_key_raises_already_held_at_once(
     assert again is not None and again.release()
 
 
-def test_reentrant_must_be_a_flag(redis_nodes: RedisCluster) -> None:
+def test_reentrant_must_be_a_flag(redis_nodes: RedisNodes) -> None:
     with pytest.raises(ConfigurationError, match="reentrant must be True or False"):
         _lock(redis_nodes).acquire("flag", reentrant="yes")  # type: ignore[arg-type]
 
 
-def test_reentrant_first_acquire_is_a_plain_one(redis_nodes: RedisCluster) -> None:
+def test_reentrant_first_acquire_is_a_plain_one(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     with redlock.lock("first", reentrant=True) as lease:
         assert _holds(redis_nodes, "first", lease.value) == [0] * 5  # no set until re-entered
@@ -148,7 +148,7 @@ def test_reentrant_first_acquire_is_a_plain_one(redis_nodes: RedisCluster) -> No
 
 
 def test_a_hold_never_shortens_the_key_and_extend_keeps_the_count(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes)
     outer = redlock.acquire("long", ttl=KEY_TTL)
@@ -167,7 +167,7 @@ def test_a_hold_never_shortens_the_key_and_extend_keeps_the_count(
 
 
 def test_another_process_is_excluded_until_the_count_reaches_zero(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     redlock = _lock(redis_nodes)
     outer = redlock.acquire("proc")
@@ -197,7 +197,7 @@ def _child_acquires(redlock: Redlock, key: str, queue: Any) -> None:
         lease.release()
 
 
-def test_reentrant_acquire_needs_a_quorum(redis_nodes: RedisCluster) -> None:
+def test_reentrant_acquire_needs_a_quorum(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes)
     outer = redlock.acquire("quorum")
     assert outer is not None
@@ -213,7 +213,7 @@ def test_reentrant_acquire_needs_a_quorum(redis_nodes: RedisCluster) -> None:
     assert _values(redis_nodes[3:], "quorum") == [outer.value.encode()] * 2  # type: ignore[arg-type]
 
 
-def test_a_fenced_hold_shares_the_first_hold_fence(redis_nodes: RedisCluster) -> None:
+def test_a_fenced_hold_shares_the_first_hold_fence(redis_nodes: RedisNodes) -> None:
     redlock = _lock(redis_nodes, fencing=True)
     outer = redlock.acquire("fenced")
     assert outer is not None and outer.fence is not None
@@ -228,14 +228,14 @@ def test_a_fenced_hold_shares_the_first_hold_fence(redis_nodes: RedisCluster) ->
 
 
 @pytest.fixture
-def app(redis_server_factory: Any, redis_nodes: RedisCluster) -> Celery:
+def app(redis_server_factory: Any, redis_nodes: RedisNodes) -> Celery:
     broker: RedisServer = redis_server_factory()
     app = Celery("reentry", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.redlock_nodes = redis_nodes.urls
     return app
 
 
-def test_a_task_body_re_acquires_its_own_key(app: Celery, redis_nodes: RedisCluster) -> None:
+def test_a_task_body_re_acquires_its_own_key(app: Celery, redis_nodes: RedisNodes) -> None:
     def body(self: RedlockTask, n: int) -> list[Any]:
         options = self.redlock_options()
         redlock = app_config(self.app).redlock(options.node_timeout, options.fencing)
@@ -265,7 +265,7 @@ def test_a_task_body_re_acquires_its_own_key(app: Celery, redis_nodes: RedisClus
     _settled_values(redis_nodes, job.lock_key((1,), {}), [None] * 5)  # the run released it
 
 
-def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: RedisCluster) -> None:
+def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: RedisNodes) -> None:
     # The watchdog renews plain leases in batches (EXTEND_MANY, key only); a
     # re-entered lease must have its holds set renewed with its key, or the count
     # would expire first. Observed on the nodes, past several TTLs.
@@ -289,7 +289,7 @@ def test_the_watchdog_renews_a_reentered_lease_with_its_holds(redis_nodes: Redis
 
 
 def test_the_undo_of_a_hold_a_node_never_counted_leaves_the_outer_key(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     # A re-acquire that failed or was cancelled sends RELEASE_HOLD for its nonce to
     # every node, also where its REENTER never landed (no holds set there): that
@@ -310,7 +310,7 @@ def test_the_undo_of_a_hold_a_node_never_counted_leaves_the_outer_key(
 
 
 def test_an_eager_task_applied_inside_a_body_gives_the_run_back_its_execution(
-    app: Celery, redis_nodes: RedisCluster
+    app: Celery, redis_nodes: RedisNodes
 ) -> None:
     def echo(n: int) -> int:
         return n
@@ -337,7 +337,7 @@ def test_an_eager_task_applied_inside_a_body_gives_the_run_back_its_execution(
 
 
 def test_a_later_thread_never_inherits_an_ended_threads_leases(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     """Thread idents are reused as soon as a thread ends. A thread that took a lease
     and ended (handing the lease to another thread, or leaving it to expire) must not

@@ -14,8 +14,8 @@ import time
 import pytest
 from redis import exceptions as rexc
 
-from celery_redlock.finisher import Finisher
-from celery_redlock.round import NOT_AWAITED, Round
+from celery_redlock.wire.late_replies import Finisher
+from celery_redlock.wire.round import NOT_AWAITED, Round
 
 NAMES = ["n0", "n1", "n2", "n3", "n4"]
 
@@ -95,7 +95,7 @@ def test_a_threshold_of_zero_is_decided_from_the_start(enough_yes: int, enough_n
 
 
 def test_the_round_module_does_no_io() -> None:
-    import celery_redlock.round as round_module
+    import celery_redlock.wire.round as round_module
 
     names = set(vars(round_module))
     assert not names & {"socket", "select", "selectors", "ssl", "time", "asyncio"}
@@ -169,7 +169,7 @@ def test_a_read_only_reply_is_known_on_redis_7_and_6(line: bytes) -> None:
     master is: it must read as READONLY however the server words it."""
     from redis.exceptions import ReadOnlyError
 
-    from celery_redlock.resp import parse
+    from celery_redlock.wire.resp import parse
 
     reply, _ = parse(b"-" + line + b"\r\n", 0)
     assert isinstance(reply, ReadOnlyError)

@@ -27,10 +27,10 @@ from celery_redlock import QuorumUnavailable, Redlock, RedlockTask
 from celery_redlock.cli import judge_node, redlock
 from celery_redlock.cli.checks import WARNING, check_sentinel
 from celery_redlock.cli.facts import NodeFacts
-from celery_redlock.config import app_config
 from celery_redlock.errors import ConfigurationError
-from celery_redlock.node import Node, redact
+from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisSentinelGroup, RedisServer
+from celery_redlock.wire.node import Node, redact
 
 MASTER_PASSWORD = "master-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
@@ -346,7 +346,7 @@ def test_a_sentinel_naming_the_master_just_left_is_heard_last() -> None:
     answer of a Sentinel naming another master wins, whoever answers first; the
     avoided address is taken only when every Sentinel names it. Two groups under one
     master name play a current and a stale Sentinel."""
-    from celery_redlock.sentinel import discover, parse_sentinel_url
+    from celery_redlock.wire.sentinel import discover, parse_sentinel_url
 
     with (
         RedisSentinelGroup(replicas=1, sentinels=1) as one,

@@ -22,14 +22,14 @@ from celery.result import AsyncResult
 
 from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 #: Only guards against a hang: every wait here ends in well under a second when right.
 HANG_GUARD = 30.0
 
 
 @pytest.fixture
-def app(redis_server: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery]:
+def app(redis_server: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     yield from worker_test_app("skipped", redis_server, redis_nodes, 0.05, 0.1)
 
 
@@ -114,7 +114,7 @@ def _running_copy(tasks: dict[str, Any], recorder: Recorder, tag: str) -> Iterat
 
 
 @contextmanager
-def _held_elsewhere(nodes: RedisCluster, key: str, holder: str = "elsewhere") -> Iterator[None]:
+def _held_elsewhere(nodes: RedisNodes, key: str, holder: str = "elsewhere") -> Iterator[None]:
     """The lock ``key`` held outside Celery while the block runs."""
     lease = Redlock(nodes.urls).acquire(key, ttl=HANG_GUARD, holder=holder)
     assert lease is not None
@@ -194,7 +194,7 @@ def test_a_link_callback_receives_the_marker(
 
 
 def test_retries_exhausted_skip_is_ready_at_once(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:
     key = tasks["exhaust"].lock_key((), {"tag": "budget"})
     with _held_elsewhere(redis_nodes, key):
@@ -209,7 +209,7 @@ def test_retries_exhausted_skip_is_ready_at_once(
 
 
 def test_a_redelivered_copy_of_a_running_task_stores_nothing_even_in_fail_mode(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes, recorder: Recorder
 ) -> None:
     # The copy meets a lock held under its own task id: its first delivery's.
     task_id = "same-id-0001"
@@ -223,7 +223,7 @@ def test_a_redelivered_copy_of_a_running_task_stores_nothing_even_in_fail_mode(
 
 
 def test_fail_mode_still_raises_lock_contended_at_get(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:
     with _held_elsewhere(redis_nodes, tasks["fail"].lock_key((), {"tag": "f"})):
         copy = tasks["fail"].delay(tag="f")
@@ -233,7 +233,7 @@ def test_fail_mode_still_raises_lock_contended_at_get(
 
 
 def test_an_eager_skipped_copy_returns_the_marker(
-    tasks: dict[str, Any], redis_nodes: RedisCluster
+    tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:
     key = tasks["skip"].lock_key((), {"seconds": 0.01, "tag": "eager"})
     with _held_elsewhere(redis_nodes, key):

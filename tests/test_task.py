@@ -30,7 +30,7 @@ from celery_redlock import (
     redlock_task,
 )
 from celery_redlock.skipped import is_skipped
-from celery_redlock.testing import RedisCluster, RedisServer
+from celery_redlock.testing import RedisNodes, RedisServer
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def broker(redis_server_factory: Any) -> RedisServer:
 
 
 @pytest.fixture
-def app(broker: RedisServer, redis_nodes: RedisCluster) -> Iterator[Celery]:
+def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     yield from worker_test_app("redlock_tests", broker, redis_nodes, 0.1, 0.3)
 
 
@@ -258,7 +258,7 @@ def test_distinct_keys_run_in_parallel(worker: Any, tasks: dict[str, Any]) -> No
 
 
 def test_lock_retries_exhausted_fail_with_lock_contended(
-    app: Celery, broker: RedisServer, redis_nodes: RedisCluster
+    app: Celery, broker: RedisServer, redis_nodes: RedisNodes
 ) -> None:
     @app.task(shared=False, bind=True, base=RedlockTask, redlock_max_retries=2, name="t.budget")
     def budget(self: RedlockTask) -> str:
@@ -298,7 +298,7 @@ def test_autoretry_for_hands_the_lock_over_too(
 
 
 def test_ignore_from_the_body_still_releases(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes, recorder: Recorder
 ) -> None:
     result = tasks["ignore"].delay("i")
     until(lambda: recorder.of("lock_released"), "lock_released sent")
@@ -310,7 +310,7 @@ def test_ignore_from_the_body_still_releases(
 
 
 def test_watchdog_keeps_the_lock_for_three_times_its_ttl(
-    worker: Any, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisCluster
+    worker: Any, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisNodes
 ) -> None:
     from celery_redlock import Redlock
 
@@ -337,7 +337,7 @@ def test_losing_quorum_mid_task_fires_lock_lost_and_logs_an_error(
     worker: Any,
     tasks: dict[str, Any],
     recorder: Recorder,
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.ERROR, logger="celery_redlock.task")
@@ -368,7 +368,7 @@ def test_a_release_without_quorum_is_a_warning_and_the_task_still_succeeds(
     worker: Any,
     tasks: dict[str, Any],
     recorder: Recorder,
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The body returns while 3 of 5 nodes are paused: the release cannot reach a
@@ -410,7 +410,7 @@ def test_call_forms_share_a_key(tasks: dict[str, Any]) -> None:
 
 
 def test_apply_locks_and_releases_like_a_worker(
-    app: Celery, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisCluster
+    app: Celery, tasks: dict[str, Any], recorder: Recorder, redis_nodes: RedisNodes
 ) -> None:
     result = tasks["hold"].apply(args=(0.01,), kwargs={"tag": "e"})
     assert result.successful()
@@ -426,7 +426,7 @@ def test_apply_locks_and_releases_like_a_worker(
 
 
 def test_always_eager_retries_inline_then_runs(
-    app: Celery, tasks: dict[str, Any], redis_nodes: RedisCluster
+    app: Celery, tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:
     from celery_redlock import Redlock
 
@@ -505,7 +505,7 @@ def test_argument_without_canonical_form_is_a_clear_error(tasks: dict[str, Any])
 
 
 def test_split_vote_does_not_make_a_skip_task_drop_its_work(
-    tasks: dict[str, Any], redis_nodes: RedisCluster, recorder: Recorder
+    tasks: dict[str, Any], redis_nodes: RedisNodes, recorder: Recorder
 ) -> None:
     # Two losers of a race each hold 2 of 5 nodes for 0.2 s: nobody has a quorum.
     key = tasks["skip"].lock_key((0.01,), {"tag": "split"})
@@ -554,8 +554,8 @@ def test_the_verdict_of_a_contended_copy_follows_its_options(
     on_contended: str, exhausted_to: str, attempt: int, max_retries: int,
     holder_ttl: Any, outage: bool, eager: bool, eager_left: Any, own_holder: bool,
 ) -> None:  # fmt: skip
-    from celery_redlock.contention import MIN_COUNTDOWN, verdict
-    from celery_redlock.options import DEFAULTS, TASK_OPTIONS, task_options
+    from celery_redlock.tasks.contention import MIN_COUNTDOWN, verdict
+    from celery_redlock.tasks.options import DEFAULTS, TASK_OPTIONS, task_options
 
     values = {name: DEFAULTS[name] for name in TASK_OPTIONS}
     values.update(

@@ -27,8 +27,8 @@ from celery_redlock.testing import (
     FaultProxy,
     FaultProxyFactory,
     ProcessNotReady,
-    RedisCluster,
-    RedisClusterFactory,
+    RedisNodes,
+    RedisNodesFactory,
     RedisServer,
     RedisServerFactory,
     find_redis_server,
@@ -336,9 +336,9 @@ def test_server_does_not_outlive_the_python_process_that_started_it(
 
 
 def test_cluster_of_three_is_three_distinct_servers(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    nodes = redis_cluster_factory(3)
+    nodes = redis_nodes_factory(3)
     assert len(nodes) == 3
     assert len({node.port for node in nodes}) == 3
     assert len({node.info("server")["run_id"] for node in nodes}) == 3
@@ -347,9 +347,9 @@ def test_cluster_of_three_is_three_distinct_servers(
 
 
 def test_cluster_flushall_empties_every_running_master(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
 ) -> None:
-    nodes = redis_cluster_factory(3)
+    nodes = redis_nodes_factory(3)
     for node in nodes:
         node.client().set("key", "value")
     nodes[2].kill()
@@ -357,7 +357,7 @@ def test_cluster_flushall_empties_every_running_master(
     assert [node.client().dbsize() for node in nodes[:2]] == [0, 0]
 
 
-def test_redis_nodes_are_five_independent_masters(redis_nodes: RedisCluster) -> None:
+def test_redis_nodes_are_five_independent_masters(redis_nodes: RedisNodes) -> None:
     assert len(redis_nodes) == 5
     for node in redis_nodes:
         replication = node.info("replication")
@@ -367,7 +367,7 @@ def test_redis_nodes_are_five_independent_masters(redis_nodes: RedisCluster) -> 
 
 def test_cluster_gives_every_server_its_own_port() -> None:
     with pytest.raises(ValueError, match="port"):
-        RedisCluster(3, port=7000)
+        RedisNodes(3, port=7000)
 
 
 # --- the fault proxy ---------------------------------------------------------------

@@ -45,10 +45,10 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 from observe import SETTLES_WITHIN
 
-import celery_redlock.rules as rules_module
+import celery_redlock.lock.rules as rules_module
 from celery_redlock import LockContended, QuorumUnavailable, Redlock
 from celery_redlock.cli import redlock as redlock_cli
-from celery_redlock.testing import FaultProxy, RedisCluster, RedisServer
+from celery_redlock.testing import FaultProxy, RedisNodes, RedisServer
 
 TESTS_DIR = Path(__file__).resolve().parent
 #: For rounds that must succeed, fresh TLS handshakes included: a deadline no loaded
@@ -447,13 +447,13 @@ REENTRANT_ACL = ("+sadd", "+scard", "+srem")
 
 
 @pytest.fixture(scope="module")
-def acl_cluster() -> Iterator[RedisCluster]:
-    with RedisCluster(3) as cluster:
+def acl_cluster() -> Iterator[RedisNodes]:
+    with RedisNodes(3) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def acl_nodes(acl_cluster: RedisCluster) -> RedisCluster:
+def acl_nodes(acl_cluster: RedisNodes) -> RedisNodes:
     for server in acl_cluster:
         admin = server.client()
         admin.flushall()
@@ -465,7 +465,7 @@ def acl_nodes(acl_cluster: RedisCluster) -> RedisCluster:
     return acl_cluster
 
 
-def set_user(cluster: RedisCluster, name: str, password: str, *rules: str) -> list[str]:
+def set_user(cluster: RedisNodes, name: str, password: str, *rules: str) -> list[str]:
     """Create ``name`` with exactly ``rules`` on every node; its lock URLs."""
     for server in cluster:
         admin: Any = server.client()  # execute_command is untyped in redis-py
@@ -525,7 +525,7 @@ def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[
 
 
 def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
-    acl_nodes: RedisCluster,
+    acl_nodes: RedisNodes,
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)
     admin = [server.client() for server in acl_nodes]
@@ -558,7 +558,7 @@ def test_a_user_limited_to_the_prefix_and_the_minimal_commands_can_lock(
 
 
 def test_reentrant_holds_need_the_set_commands_and_work_with_them(
-    acl_nodes: RedisCluster,
+    acl_nodes: RedisNodes,
 ) -> None:
     for extra, works in (((), False), (REENTRANT_ACL, True)):
         urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *extra)
@@ -584,7 +584,7 @@ def test_reentrant_holds_need_the_set_commands_and_work_with_them(
 
 
 @pytest.mark.parametrize("dropped", MINIMAL_ACL)
-def test_each_minimal_permission_is_needed(acl_nodes: RedisCluster, dropped: str) -> None:
+def test_each_minimal_permission_is_needed(acl_nodes: RedisNodes, dropped: str) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *(r for r in MINIMAL_ACL if r != dropped))
     admin = [server.client() for server in acl_nodes]
     problems = lock_cycle(urls, "redlock:acl:job", admin)
@@ -592,7 +592,7 @@ def test_each_minimal_permission_is_needed(acl_nodes: RedisCluster, dropped: str
     assert problems, f"everything worked without {dropped}"
 
 
-def test_a_wrong_password_fails_with_an_error_naming_each_node(acl_nodes: RedisCluster) -> None:
+def test_a_wrong_password_fails_with_an_error_naming_each_node(acl_nodes: RedisNodes) -> None:
     set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)
     urls = [f"redis://locker:wrong@127.0.0.1:{server.port}/0" for server in acl_nodes]
     redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
@@ -612,7 +612,7 @@ def test_a_wrong_password_fails_with_an_error_naming_each_node(acl_nodes: RedisC
     assert "wrong" not in str(caught.value)  # the password is not echoed
 
 
-def test_a_user_without_evalsha_gets_a_clear_error_from_acquire(acl_nodes: RedisCluster) -> None:
+def test_a_user_without_evalsha_gets_a_clear_error_from_acquire(acl_nodes: RedisNodes) -> None:
     urls = set_user(
         acl_nodes, "locker", "pw", *(r for r in MINIMAL_ACL if r != "+evalsha"), "+eval"
     )
@@ -647,7 +647,7 @@ def _run_doctor(urls: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
-    acl_nodes: RedisCluster,
+    acl_nodes: RedisNodes,
 ) -> None:
     """What doctor does: it inspects each node with PING, INFO, CONFIG GET, TIME, SCAN
     and PTTL. The minimal lock user may run none of them, so every node is reported
@@ -666,7 +666,7 @@ def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
         assert "no permissions to run the 'ping' command" in check["message"], check
 
 
-def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisCluster) -> None:
+def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisNodes) -> None:
     urls = set_user(acl_nodes, "ops", "pw", "~*", "+@all", "-evalsha", "-eval")
     redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
     try:
@@ -683,7 +683,7 @@ def test_doctor_flags_a_user_that_may_not_run_the_lock_scripts(acl_nodes: RedisC
 
 
 def test_a_release_refused_by_every_node_is_reported(
-    acl_nodes: RedisCluster, caplog: pytest.LogCaptureFixture
+    acl_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *(r for r in MINIMAL_ACL if r != "+del"))
     redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from celery_redlock import ConfigurationError
-from celery_redlock import validate as v
+from celery_redlock.lock import validate as v
 
 NUL = "\x00"
 

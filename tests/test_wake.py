@@ -26,8 +26,8 @@ import redis
 from test_tls_acl import MINIMAL_ACL, acl_cluster, acl_nodes, set_user  # noqa: F401
 
 from celery_redlock import ConfigurationError, Redlock
-from celery_redlock.testing import RedisCluster, RedisSentinelGroup, RedisServer
-from celery_redlock.wake import wake_channel
+from celery_redlock.lock.wake import wake_channel
+from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
 
 NODE_TIMEOUT = 0.5
 #: An acquire's timeout that polling cannot meet (see the module docstring).
@@ -81,7 +81,7 @@ def _waiter(urls: list[str], **kwargs: Any) -> Redlock:
 
 
 def test_a_release_in_another_process_wakes_the_blocked_acquire(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
@@ -106,7 +106,7 @@ def test_a_release_in_another_process_wakes_the_blocked_acquire(
 
 
 def test_no_timeout_waits_past_retry_count_until_the_holder_releases(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
 ) -> None:
     waits: list[float] = []
     released = threading.Event()
@@ -130,7 +130,7 @@ def test_no_timeout_waits_past_retry_count_until_the_holder_releases(
     lease.release()
 
 
-def test_no_timeout_is_woken_too(redis_nodes: RedisCluster) -> None:
+def test_no_timeout_is_woken_too(redis_nodes: RedisNodes) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     args = (redis_nodes.urls, "forever", NEVER, ready, out)
@@ -145,7 +145,7 @@ def test_no_timeout_is_woken_too(redis_nodes: RedisCluster) -> None:
         holder.join(HANG_GUARD)
 
 
-def test_an_infinite_timeout_is_accepted(redis_nodes: RedisCluster) -> None:
+def test_an_infinite_timeout_is_accepted(redis_nodes: RedisNodes) -> None:
     redlock = _waiter(redis_nodes.urls)
     lease = redlock.acquire("inf", timeout=math.inf)
     assert lease is not None
@@ -179,7 +179,7 @@ def test_an_infinite_timeout_is_accepted(redis_nodes: RedisCluster) -> None:
     ],
 )
 def test_bad_timeouts_are_refused_naming_the_argument(
-    redis_nodes: RedisCluster, timeout: Any, blocking: bool, says: str
+    redis_nodes: RedisNodes, timeout: Any, blocking: bool, says: str
 ) -> None:
     redlock = _waiter(redis_nodes.urls)
     with pytest.raises(ConfigurationError, match=r"timeout") as caught:
@@ -187,7 +187,7 @@ def test_bad_timeouts_are_refused_naming_the_argument(
     assert says in str(caught.value)
 
 
-def test_a_crashed_holder_is_taken_after_its_ttl(redis_nodes: RedisCluster) -> None:
+def test_a_crashed_holder_is_taken_after_its_ttl(redis_nodes: RedisNodes) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
     holder = ctx.Process(target=_hold_and_die, args=(redis_nodes.urls, "crash", 1.5, ready))
@@ -208,7 +208,7 @@ def _blocked(redlock: Redlock, key: Any, got: list[Any]) -> threading.Thread:
 
 
 @pytest.mark.parametrize("how", ["force_release", "set_release", "reentered_release"])
-def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisCluster, how: str) -> None:
+def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisNodes, how: str) -> None:
     """An operator's force_release, the release of a set of keys, and the last hold
     of a re-entered lease publish too (each deletes the key)."""
     urls = redis_nodes.urls
@@ -268,7 +268,7 @@ def _denied_pubsub(server: RedisServer) -> set[str]:
 
 
 def test_a_node_denying_pubsub_still_releases_and_the_waiter_polls(
-    acl_nodes: RedisCluster,  # noqa: F811
+    acl_nodes: RedisNodes,  # noqa: F811
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)  # no channels, no pub/sub
     acl_nodes[0].client().acl_log_reset()
@@ -280,7 +280,7 @@ def test_a_node_denying_pubsub_still_releases_and_the_waiter_polls(
 
 
 def test_an_acl_user_with_channel_rights_is_woken(
-    acl_nodes: RedisCluster,  # noqa: F811
+    acl_nodes: RedisNodes,  # noqa: F811
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *WAKE_ACL)
     acl_nodes[0].client().acl_log_reset()
@@ -320,9 +320,7 @@ def _queue_up(urls: list[str], observer_url: str, key: str, name: str) -> None:
     redlock.close()
 
 
-def test_many_waiters_each_get_the_key_once_in_turn(
-    redis_nodes: RedisCluster, tmp_path: Any
-) -> None:
+def test_many_waiters_each_get_the_key_once_in_turn(redis_nodes: RedisNodes, tmp_path: Any) -> None:
     waiters = 6
     with RedisServer() as observer:
         first = _waiter(redis_nodes.urls, ttl=NEVER).acquire("herd", blocking=False)
@@ -351,7 +349,7 @@ import sys, time
 {patch}
 import redis
 from celery_redlock import Redlock
-from celery_redlock.wake import wake_channel
+from celery_redlock.lock.wake import wake_channel
 urls = sys.argv[1:]
 held = Redlock(urls, ttl={never}, node_timeout={node_timeout}).acquire("green", blocking=False)
 assert held is not None, "the holder did not get a free key"
@@ -377,7 +375,7 @@ _HUBS = {
 
 
 @pytest.mark.parametrize("hub", sorted(_HUBS))
-def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisCluster, hub: str) -> None:
+def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisNodes, hub: str) -> None:
     pytest.importorskip(hub, reason=f"{hub} (the test extra) is not installed")
     patch, module = _HUBS[hub]
     script = _GREEN_WAIT.format(

@@ -19,10 +19,10 @@ import redis
 from observe import settles
 
 from celery_redlock import Lease, Redlock
-from celery_redlock import renewals as renewals_module
-from celery_redlock.lease import Extension
-from celery_redlock.testing import FaultProxyFactory, RedisCluster, RedisClusterFactory
-from celery_redlock.watchdog import Watchdog
+from celery_redlock.lock import renewals as renewals_module
+from celery_redlock.lock.lease import Extension
+from celery_redlock.lock.watchdog import Watchdog
+from celery_redlock.testing import FaultProxyFactory, RedisNodes, RedisNodesFactory
 
 TTL = 3.0
 INTERVAL = TTL / 3
@@ -130,7 +130,7 @@ def _count(stats: dict[str, Any], command: str) -> int:
 
 
 def test_many_due_leases_are_renewed_by_one_call_per_node(
-    redis_nodes: RedisCluster, watchdog: Watchdog, monkeypatch: pytest.MonkeyPatch
+    redis_nodes: RedisNodes, watchdog: Watchdog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=TTL)
     leases = _acquire(redlock, 50, "batch")
@@ -179,7 +179,7 @@ def test_many_due_leases_are_renewed_by_one_call_per_node(
 
 
 def test_one_stolen_lease_among_many_is_reported_lost_alone(
-    redis_nodes: RedisCluster, watchdog: Watchdog
+    redis_nodes: RedisNodes, watchdog: Watchdog
 ) -> None:
     redlock = Redlock(redis_nodes.urls, ttl=TTL)
     leases = _acquire(redlock, 20, "steal")
@@ -203,7 +203,7 @@ def test_one_stolen_lease_among_many_is_reported_lost_alone(
 
 
 def test_a_node_reset_in_the_middle_of_a_batch_loses_no_lease(
-    redis_nodes: RedisCluster,
+    redis_nodes: RedisNodes,
     fault_proxy_factory: FaultProxyFactory,
     watchdog: Watchdog,
     monkeypatch: pytest.MonkeyPatch,
@@ -243,7 +243,7 @@ def test_a_node_reset_in_the_middle_of_a_batch_loses_no_lease(
 
 @pytest.mark.slow
 def test_1000_leases_on_nodes_10ms_away_are_renewed_and_never_held_in_name_only(
-    redis_cluster_factory: RedisClusterFactory,
+    redis_nodes_factory: RedisNodesFactory,
     fault_proxy_factory: FaultProxyFactory,
     watchdog: Watchdog,
 ) -> None:
@@ -253,7 +253,7 @@ def test_1000_leases_on_nodes_10ms_away_are_renewed_and_never_held_in_name_only(
     so before it expires. Checked on the nodes, never by the lock's own word: a
     lease that calls itself held after the nodes were read is on a majority of them.
     How many were lost is printed; keeping them all is bench/renewals.py's measure."""
-    cluster = redis_cluster_factory(5)
+    cluster = redis_nodes_factory(5)
     proxies = [fault_proxy_factory(server) for server in cluster]
     redlock = Redlock([proxy.url for proxy in proxies], ttl=TTL)
     renewals = Renewals([], watchdog)

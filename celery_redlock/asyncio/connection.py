@@ -34,9 +34,9 @@ from typing import Any, Final, Optional, Protocol
 
 from redis import exceptions as rexc
 
-from ..connection import _SETUP, MAX_CONNECTING, MAX_OWED_REPLIES
-from ..node import Node
-from ..resp import INCOMPLETE, Command, parse
+from ..wire.connection import _SETUP, MAX_CONNECTING, MAX_OWED_REPLIES
+from ..wire.node import Node
+from ..wire.resp import INCOMPLETE, Command, parse
 
 __all__ = ["NodeConnection", "Unwaited", "Waiter"]
 

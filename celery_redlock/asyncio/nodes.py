@@ -34,13 +34,13 @@ from typing import Callable, Optional, Sequence
 
 from redis import exceptions as rexc
 
-from ..connection import owed_age
 from ..errors import ConfigurationError
-from ..node import Node
-from ..nodes import NodeSet
-from ..quorum import Ask
-from ..resp import Command
-from ..round import Round
+from ..lock.steps import Ask
+from ..wire.connection import owed_age
+from ..wire.node import Node
+from ..wire.node_set import NodeSet
+from ..wire.resp import Command
+from ..wire.round import Round
 from .connection import NodeConnection, Unwaited, Waiter
 
 __all__ = ["AsyncNodeSet"]

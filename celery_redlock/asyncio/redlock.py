@@ -37,16 +37,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
-from ..admin import clear_matching
-from ..commands import lock_keys
 from ..errors import QuorumUnavailable, RedlockError
-from ..holders import HolderInfo
-from ..lease import Duration, Extension, Lease
-from ..quorum import Ask, Pause, Settle, Steps, clear_match, judge_exit, lease_value
-from ..reentry import HeldLeases
-from ..refusal import Attempt
-from ..rules import LockRules
-from ..validate import seconds
+from ..lock.acquire_replies import Attempt
+from ..lock.commands import lock_keys
+from ..lock.lease import Duration, Extension, Lease
+from ..lock.queries import clear_matching
+from ..lock.quorum import clear_match, judge_exit, lease_value
+from ..lock.reentry import HeldLeases
+from ..lock.rules import LockRules
+from ..lock.steps import Ask, Pause, Settle, Steps
+from ..lock.stored import HolderInfo
+from ..lock.validate import seconds
 from .nodes import AsyncNodeSet
 from .wake import AsyncWakeups
 

@@ -35,10 +35,10 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from redis import exceptions as rexc
 
-from ..node import Node
-from ..quorum import Pause
-from ..resp import INCOMPLETE, parse
-from ..wake import Subscriber, wake_channel
+from ..lock.steps import Pause
+from ..lock.wake import Subscriber, wake_channel
+from ..wire.node import Node
+from ..wire.resp import INCOMPLETE, parse
 from .connection import NodeConnection
 
 __all__ = ["AsyncListener", "AsyncWakeups"]

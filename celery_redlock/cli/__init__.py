@@ -46,10 +46,10 @@ import click
 
 from .base import DEFAULT_TIMEOUT, EX_CONFIG
 from .checks import ERROR, OK, WARNING, Check
-from .commands import doctor, ls, release, show
 from .common import full_key, on_each_node
 from .doctor import judge_cluster, judge_node, run_doctor
 from .facts import NodeFacts, inspect_node
+from .group import doctor, ls, release, show
 from .holders import Holder, read_holders, read_holdings
 from .release import NodeRelease, force_release, release_with_token
 

@@ -13,10 +13,10 @@ import click
 from celery.bin.base import CeleryOption
 from celery.exceptions import CeleryCommandException
 
-from .. import validate
-from ..config import AppConfig, app_config
 from ..errors import ConfigurationError
-from ..redlock import Redlock
+from ..lock import validate
+from ..lock.redlock import Redlock
+from ..tasks.config import AppConfig, app_config
 
 #: Exit code for invalid ``redlock_*`` settings (sysexits.h EX_CONFIG).
 EX_CONFIG = getattr(os, "EX_CONFIG", 78)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..config import AppConfig
-from ..redlock import quorum
+from ..lock.redlock import quorum
+from ..tasks.config import AppConfig
 from .facts import NodeFacts
 
 OK = "OK"

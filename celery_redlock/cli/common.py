@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 import redis
 
-from ..nodes import Node
-from ..redlock import Redlock, is_lock_key
+from ..lock.redlock import Redlock, is_lock_key
+from ..wire.node_set import Node
 
 _T = TypeVar("_T")
 

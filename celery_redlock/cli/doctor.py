@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import redis
 
-from ..config import AppConfig
-from ..nodes import Node
-from ..redlock import quorum
+from ..lock.redlock import quorum
+from ..tasks.config import AppConfig
+from ..wire.node_set import Node
 from .checks import (
     ERROR,
     OK,

@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import redis
 
-from .. import scripts
-from ..nodes import Node
-from ..redlock import FENCE, tombstone
+from ..lock import scripts
+from ..lock.redlock import FENCE, tombstone
+from ..wire.node_set import Node
 from .common import error_text, lock_keys, prefix_match, text
 
 #: Lock keys without a TTL listed by doctor (all of them are counted).

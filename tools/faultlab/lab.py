@@ -27,8 +27,8 @@ from typing import Any, Optional, Union
 from celery_redlock.testing import (
     FaultProxy,
     FaultProxyFactory,
-    RedisCluster,
-    RedisClusterFactory,
+    RedisNodes,
+    RedisNodesFactory,
     RedisServer,
     RedisServerFactory,
 )
@@ -70,7 +70,7 @@ class Lab:
     """
 
     workdir: Path
-    make_cluster: RedisClusterFactory
+    make_cluster: RedisNodesFactory
     make_server: RedisServerFactory
     make_proxy: FaultProxyFactory
     _names: Iterator[int] = field(default_factory=itertools.count)
@@ -83,10 +83,10 @@ class Lab:
     @classmethod
     @contextlib.contextmanager
     def standalone(cls, workdir: Optional[Path] = None) -> Iterator[Lab]:
-        things: list[Union[RedisServer, RedisCluster, FaultProxy]] = []
+        things: list[Union[RedisServer, RedisNodes, FaultProxy]] = []
 
-        def make_cluster(n: int, **kwargs: Any) -> RedisCluster:
-            cluster = RedisCluster(n, **kwargs)
+        def make_cluster(n: int, **kwargs: Any) -> RedisNodes:
+            cluster = RedisNodes(n, **kwargs)
             things.append(cluster)
             cluster.start()
             return cluster

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from celery_redlock import Lease, LockLost, QuorumUnavailable, Redlock
-from celery_redlock.redlock import CLOCK_PRECISION
+from celery_redlock.lock.redlock import CLOCK_PRECISION
 from celery_redlock.testing import FaultProxy
 
 from .evidence import NS, OracleLog, RecordingClock, now_ns, read_events

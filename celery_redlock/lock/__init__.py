@@ -1,0 +1,22 @@
+"""The Redlock algorithm, without Celery.
+
+- ``redlock``: ``Redlock``, composed of the parts below; ``lease``: the ``Lease`` a
+  caller holds; ``queries``: calls that need no lease (``locked``, ``force_release``,
+  ``clear``, ``extend_value``).
+- ``steps``: the step protocol (``Ask``, ``Pause``, ``Settle``) every operation is
+  written in, and ``drive`` for a blocking round; ``rules``: the steps of every
+  operation, shared with ``celery_redlock.asyncio``; ``quorum``: quorum and validity
+  arithmetic, reply predicates, argument checks.
+- ``commands``: what each operation sends to a node; ``scripts``, ``multi_scripts``:
+  the Lua; ``stored``: what is stored under a lock key (``token|holder``, tombstones,
+  fence counters, the wake channel).
+- ``acquire_replies`` / ``extend_replies``: what an acquire's / an extension's
+  replies mean (granted, contended, unavailable; extended, lost, retry by).
+- ``reentry``: which execution holds which key; ``watchdog`` and ``renewals``: the
+  renewal thread and its batched rounds; ``wake``: a blocked acquire hears releases;
+  ``waiters``: the node side of hand-off (the per-key waiter queue and its claims).
+- ``validate``: every value check, with errors that name the setting.
+
+May import: ``celery_redlock.wire`` and ``celery_redlock.errors``; never Celery
+(``tests/test_layout.py`` enforces it, transitively).
+"""

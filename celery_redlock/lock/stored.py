@@ -1,0 +1,178 @@
+"""What is stored under a lock key, and how to read it.
+
+A lock key holds ``<token>|<holder>``: 20 random url-safe bytes (never a ``|``), then
+who took it (``task-id@worker:pid``, by default ``hostname:pid``), so contention can
+say who holds the lock. Beside each lock key, under the same prefix, live the lock's
+own keys: a release's tombstone, the key's fence counter and a reentrant lease's
+holds, told apart from lock keys by a NUL that lock keys may not contain.
+``NodeHolding`` and ``HolderInfo`` say what the nodes hold for a key, and whether a
+quorum agrees.
+
+Plain data and string handling: must not import the round, nodes, redlock.py or
+Celery.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = [
+    "FENCE",
+    "FIRST_HOLD",
+    "INTERNAL",
+    "TOMBSTONE",
+    "WAKE_SUFFIX",
+    "HolderInfo",
+    "NodeHolding",
+    "default_holder",
+    "fence_counter",
+    "is_lock_key",
+    "publish_wake",
+    "read_holding",
+    "reentry_holds",
+    "split_value",
+    "tombstone",
+]
+
+#: Separates a lock key from the lock's own keys kept beside it. Lock keys may not
+#: contain it, so no lock key can ever be another key's fence counter or tombstone
+#: (with ":fence", the lock for "job:fence" *was* the fence counter of "job"). They
+#: stay under the lock key's prefix, so one ACL key pattern covers all of them.
+INTERNAL = "\x00"
+#: Marks a release's tombstone: ``<key>\0released\0<token>`` (see scripts.RELEASE).
+TOMBSTONE = INTERNAL + "released" + INTERNAL
+#: Suffix of a key's fence counter, ``<key>\0fence``.
+FENCE = INTERNAL + "fence"
+#: What a key's wake channel adds to the key: a release PUBLISHes there, a blocked
+#: acquire SUBSCRIBEs (wake.py). Behind a NUL, which lock keys may not contain.
+WAKE_SUFFIX = INTERNAL + "wake"
+#: A fence counter expires this long (seconds) after the last fence recorded on it:
+#: one key per distinct lock key ever fenced must not fill a ``noeviction`` node.
+#: Fences stay rising while clients' clocks are within half of it of the true time
+#: (SAFETY.md, property 4): a week.
+FENCE_COUNTER_TTL = 7 * 24 * 3600.0
+
+
+def publish_wake(key: str) -> str:
+    """The Lua that tells ``key``'s waiters it was freed (``key``: a Lua expression).
+
+    ``redis.pcall``, its outcome ignored: a user whose ACL denies PUBLISH or the
+    channel (Redis 7's default ``acl-pubsub-default resetchannels``) still releases;
+    its waiters fall back to polling. No subscriber: a hash lookup on the node."""
+    suffix = "".join(f"\\{ord(c)}" if c < " " else c for c in WAKE_SUFFIX)
+    return f"redis.pcall('publish', {key} .. '{suffix}', '')"
+
+
+def tombstone(key: str, value: str) -> str:
+    """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
+    return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
+
+
+#: The hold a plain acquire took, named when its lease is first re-acquired.
+FIRST_HOLD = "0"
+#: Marks the set of a reentrant lease's holds: ``<key>\0holds\0<token>``.
+HOLDS = INTERNAL + "holds" + INTERNAL
+
+
+def reentry_holds(key: str, value: str) -> str:
+    """Where the nodes count the holds of ``value`` on ``key`` (reentrancy): one set
+    per value, so a stale set can never count for the next holder."""
+    return f"{key}{HOLDS}{value.partition('|')[0]}"
+
+
+def fence_counter(key: str) -> str:
+    """Where the nodes keep the highest fence granted for ``key``."""
+    return key + FENCE
+
+
+def is_lock_key(name: str) -> bool:
+    """A lock key, not a fence counter or tombstone kept beside one."""
+    return INTERNAL not in name
+
+
+_holder: Optional[str] = None
+
+
+def default_holder() -> str:
+    """Who we are, as stored beside the token: ``hostname:pid`` (cached per process)."""
+    global _holder
+    if _holder is None:
+        _holder = f"{socket.gethostname()}:{os.getpid()}"
+    return _holder
+
+
+def _forget_holder() -> None:
+    global _holder
+    _holder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_holder)
+
+
+def split_value(value: object) -> tuple[Optional[str], Optional[str]]:
+    """Stored value -> (token, holder). The token is url-safe base64: never a '|'.
+
+    Takes the raw bytes of a round's reply, or text from a client that decodes replies.
+    """
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "replace")
+    elif isinstance(value, str):
+        text = value
+    else:
+        return None, None
+    token, _, holder = text.partition("|")
+    return token, holder or None
+
+
+@dataclass(frozen=True)
+class NodeHolding:
+    """What one node says about a key."""
+
+    node: str
+    token: Optional[str] = None
+    holder: Optional[str] = None
+    ttl: Optional[float] = None  # seconds left; None: no key (or no expiry)
+    error: Optional[BaseException] = None
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """Who holds a key, node by node, and whether a quorum agrees."""
+
+    key: str
+    nodes: tuple[NodeHolding, ...]
+    quorum: int
+
+    @property
+    def holder(self) -> Optional[str]:
+        """The holder a quorum of nodes agrees on, else ``None``."""
+        tokens = Counter(n.token for n in self.nodes if n.token)
+        for token, count in tokens.most_common(1):
+            if count >= self.quorum:
+                return next(n.holder or token for n in self.nodes if n.token == token)
+        return None
+
+    @property
+    def ttl(self) -> Optional[float]:
+        """Seconds until the quorum holder's lock frees (its quorum-th longest TTL)."""
+        held = self.holder
+        if held is None:
+            return None
+        ttls = sorted(
+            (n.ttl for n in self.nodes if (n.holder or n.token) == held and n.ttl is not None),
+            reverse=True,
+        )
+        return ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
+
+
+def read_holding(node: str, value: object, pttl: object) -> NodeHolding:
+    """A node's value and PTTL of a key (as its HOLDER script or GET + PTTL return
+    them) read as a ``NodeHolding``."""
+    token, holder = split_value(value)
+    ttl = pttl / 1000.0 if isinstance(pttl, int) and pttl >= 0 else None
+    return NodeHolding(node, token, holder, ttl)

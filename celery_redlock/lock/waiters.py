@@ -1,0 +1,153 @@
+"""Hand-off to waiting duplicates, the lock nodes' side (no Celery).
+
+A copy of a task that meets a held lock *registers* as a waiter on every node
+(``register``) before it publishes its fallback retry; the holder, once it has
+released, *pops* the earliest live waiter (``pop_next``) and publishes the message
+stored with it at once; a copy carrying a waiter id *claims* it (``claim``) before
+anything else, so that of a waiter's wake copy and fallback copy exactly one goes
+on. The protocol, its argument and its model: SAFETY.md, "Hand-off to waiting
+duplicates", and ``tools/modelcheck/handoff.py``.
+
+Internal keys sit behind a NUL, like the fence counter and the tombstones
+(stored.py): ``<key>\\0waiters`` (sorted set of waiter ids, scored by arrival),
+``<key>\\0waiter\\0<id>`` (the message to publish), ``<key>\\0claim\\0<id>`` (the
+copy id that won). Every one of them expires.
+
+Imports node_set.py, resp.py, scripts.py, queries.py and stored.py only: no Celery, no
+redlock.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+from ..wire.node_set import NodeSet
+from ..wire.resp import Command
+from . import scripts
+from .queries import is_answer, ms
+from .stored import INTERNAL
+
+__all__ = [
+    "CLAIM_LOST",
+    "CLAIM_UNDECIDED",
+    "CLAIM_WON",
+    "Waiter",
+    "claim",
+    "claim_command",
+    "claim_verdict",
+    "pop_command",
+    "pop_next",
+    "register",
+    "register_command",
+]
+
+CLAIM_WON, CLAIM_LOST, CLAIM_UNDECIDED = "won", "lost", "undecided"
+
+
+def queue_key(key: str) -> str:
+    return f"{key}{INTERNAL}waiters"
+
+
+def message_prefix(key: str) -> str:
+    return f"{key}{INTERNAL}waiter{INTERNAL}"
+
+
+def register_command(key: str, waiter: str, score: int, message: str, ttl: float) -> Command:
+    """Put ``waiter`` in ``key``'s queue at ``score`` with ``message``, for ``ttl`` s."""
+    return Command(
+        scripts.REGISTER_WAITER,
+        [queue_key(key), message_prefix(key) + waiter],
+        [waiter, score, message, ms(ttl)],
+    )
+
+
+def pop_command(key: str) -> Command:
+    return Command(scripts.POP_WAITER, [queue_key(key)], [message_prefix(key)])
+
+
+def claim_command(key: str, waiter: str, copy: str, ttl: float) -> Command:
+    return Command(
+        scripts.CLAIM_WAITER,
+        [f"{key}{INTERNAL}claim{INTERNAL}{waiter}", queue_key(key), message_prefix(key) + waiter],
+        [copy, ms(ttl), waiter],
+    )
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A popped waiter: its id, its arrival score and the message to publish."""
+
+    waiter: str
+    score: float
+    message: str
+
+
+def register(
+    nodes: NodeSet, key: str, waiter: str, score: int, message: str, ttl: float, timeout: float
+) -> int:
+    """Register on every node (best effort: the queue is a hint); how many took it."""
+    results = nodes.round(register_command(key, waiter, score, message, ttl), timeout)
+    return sum(1 for r in results if r == 1)
+
+
+def pop_next(nodes: NodeSet, key: str, timeout: float) -> Optional[Waiter]:
+    """Pop the earliest live waiter on each node; the earliest of those popped.
+
+    Nodes may pop different waiters (a registration that reached only some nodes):
+    the others stay queued where they were not popped and a later release wakes them.
+    None when no node had a live waiter (or none answered).
+    """
+    popped = []
+    for reply in nodes.round(pop_command(key), timeout, deliver=True):
+        if isinstance(reply, list) and len(reply) == 3:
+            waiter, score, message = (_text(part) for part in reply)
+            popped.append(Waiter(waiter, float(score), message))
+    return min(popped, key=lambda w: (w.score, w.waiter)) if popped else None
+
+
+def claim_verdict(results: list[object], copy: str, quorum: int) -> str:
+    """What a claim round's replies say for ``copy``: won, lost or undecided.
+
+    A copy id held by a quorum wins; both copies cannot see that for different ids,
+    because two quorums share a node and a node's claim never changes. When every
+    node answered and no id has a quorum, the id on the most nodes wins, ties going
+    to the smallest: the values are final, so every copy computes the same winner.
+    Otherwise (too few answers to tell) undecided: the copy tries again later.
+    """
+    held = [_text(r) for r in results if is_answer(r) and isinstance(r, (bytes, str))]
+    counts = Counter(held)
+    winner = next((v for v, n in counts.items() if n >= quorum), None)
+    if winner is None and held and len(held) == len(results):
+        winner = min(counts, key=lambda v: (-counts[v], v))
+    if winner is None:
+        return CLAIM_UNDECIDED
+    return CLAIM_WON if winner == copy else CLAIM_LOST
+
+
+class Claim(NamedTuple):
+    """A claim round's outcome: the verdict, and each node that did not answer."""
+
+    verdict: str
+    #: The silent or failing nodes (address -> error): why a claim is undecided.
+    errors: dict[str, object]
+
+
+def claim(
+    nodes: NodeSet, quorum: int, key: str, waiter: str, copy: str, ttl: float, timeout: float
+) -> Claim:
+    """Claim ``waiter`` for ``copy`` on every node (SET NX, kept ``ttl`` s): the verdict.
+
+    The round waits for every node (up to ``timeout``): an early stop would turn a
+    tie that every answer could settle into an undecided claim.
+    """
+    results = nodes.round(claim_command(key, waiter, copy, ttl), timeout, deliver=True)
+    errors: dict[str, object] = {
+        node.address: r for node, r in zip(nodes.nodes, results) if isinstance(r, BaseException)
+    }
+    return Claim(claim_verdict(results, copy, quorum), errors)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

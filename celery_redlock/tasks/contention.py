@@ -1,0 +1,189 @@
+"""Telling "someone holds the lock" from "the vote split", by asking again.
+
+A refusal alone does not prove someone holds the lock: when callers race, the vote
+can split so that nobody wins a quorum, and each loser's refusals name another
+loser. A caller that gives up on such a refusal -- a task that skips, an enqueue
+that points at a "queued" copy, a beat that leaves a tick to "another beat" -- drops
+work nobody does. :func:`acquire_confirmed` trusts a holder only when a quorum of
+nodes agrees on it, and otherwise tries again after a short random pause, until a
+deadline. :func:`retry_countdown` says how long a copy that met a held lock waits
+before it tries again, and :func:`verdict` what a task's copy that met it does.
+
+Used by task.py, queue_once.py and beat.py. Imports redlock.py, errors.py and (for
+types) options.py: no Celery.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Union
+
+from ..errors import LockContended, QuorumUnavailable
+from ..lock.redlock import Lease, Redlock
+
+if TYPE_CHECKING:
+    from .options import TaskOptions
+
+__all__ = [
+    "Refused",
+    "Verdict",
+    "acquire_confirmed",
+    "acquire_or_contended",
+    "retry_countdown",
+    "verdict",
+]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The lock was not won by the deadline."""
+
+    #: The holder a quorum of nodes agrees on, or None: the vote split until the end.
+    holder: Optional[str]
+    #: That holder's remaining TTL in seconds, when known.
+    ttl: Optional[float]
+    #: The last refusal (its holder is one node's word only).
+    last: LockContended
+
+
+def acquire_confirmed(
+    redlock: Redlock,
+    key: str,
+    ttl: Union[float, Callable[[], float]],
+    holder: str,
+    give_up: float,
+    *,
+    retry_unavailable: bool = False,
+    pause: tuple[float, float] = (0.001, 0.02),
+    on_split: Optional[Callable[[], None]] = None,
+) -> Union[Lease, Refused]:
+    """Our lease, or :class:`Refused` once a quorum names a holder or ``give_up``
+    (``time.monotonic()``) has passed.
+
+    ``ttl``: seconds, or a function giving them for each attempt. ``pause``: the
+    range of the random pause between attempts, seconds. ``retry_unavailable``:
+    retry QuorumUnavailable too until ``give_up`` (a loaded client can stretch a
+    round past ``node_timeout``); else it is raised at once. ``on_split``: called
+    before each retry of a split vote (the caller's log line).
+    """
+    while True:
+        lease_ttl = ttl() if callable(ttl) else ttl
+        try:
+            return redlock.try_acquire(key, ttl=lease_ttl, blocking=False, holder=holder)
+        except LockContended as exc:
+            info = redlock.holder(key)
+            if info.holder or time.monotonic() > give_up:
+                return Refused(info.holder, info.ttl, exc)
+            if on_split is not None:
+                on_split()
+        except QuorumUnavailable:
+            if not retry_unavailable or time.monotonic() > give_up:
+                raise
+        time.sleep(random.uniform(*pause))
+
+
+def acquire_or_contended(
+    redlock: Redlock,
+    key: str,
+    ttl: float,
+    holder: str,
+    patience: float,
+    *,
+    retry_unavailable: bool = False,
+) -> Lease:
+    """Our lease, or ``LockContended`` naming the holder a quorum agrees on (else the
+    last refusal's), after trying for at most ``patience`` seconds."""
+    give_up = time.monotonic() + patience
+    result = acquire_confirmed(
+        redlock, key, ttl, holder, give_up, retry_unavailable=retry_unavailable
+    )
+    if isinstance(result, Refused):
+        raise LockContended(key, result.holder or result.last.holder, result.ttl or result.last.ttl)
+    return result
+
+
+#: A contended retry waits at least this fraction of the holder's remaining TTL.
+HOLDER_TTL_FRACTION = 0.1
+#: ...and never less than this (seconds): a zero countdown would spin on the broker.
+MIN_COUNTDOWN = 0.05
+
+
+def retry_countdown(
+    attempt: int,
+    backoff: float,
+    backoff_max: float,
+    holder_ttl: Optional[float],
+    rng: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds before lock retry ``attempt`` (1-based): exponential backoff with full
+    jitter, at least a fraction of the holder's remaining TTL, capped at ``backoff_max``.
+
+    Full jitter spreads a herd of duplicates over the whole window instead of
+    waking them together; the TTL floor keeps them from polling a lock that is
+    certainly held for a long while yet.
+    """
+    ceiling = min(backoff_max, backoff * 2 ** (attempt - 1))
+    countdown = rng(0.0, ceiling)
+    if holder_ttl is not None and holder_ttl > 0:
+        countdown = max(countdown, holder_ttl * HOLDER_TTL_FRACTION)
+    return min(backoff_max, max(MIN_COUNTDOWN, countdown))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a task's copy that met a held lock (or no quorum) does next."""
+
+    #: "retry" (published again after ``countdown``), "skip" or "fail".
+    action: str
+    #: Seconds before the retry; None unless retrying.
+    countdown: Optional[float]
+    #: The log line's words for it, e.g. "retry in 1.2s (attempt 2/5)".
+    then: str
+    #: The lock retries ran out (``on_retries_exhausted`` chose the action).
+    exhausted: bool
+    #: The lock is held by another execution of this very task id: dropped, storing
+    #: nothing (failing it would store FAILURE over a task about to succeed).
+    redelivered: bool
+
+
+def verdict(
+    options: TaskOptions,
+    attempt: int,
+    holder_ttl: Optional[float],
+    *,
+    outage: bool,
+    eager: bool,
+    eager_left: Optional[float],
+    own_holder: bool,
+) -> Verdict:
+    """Lock retry ``attempt`` (1-based) of a copy that met a held lock (``outage``: no
+    quorum answered): the task's ``on_contended`` while retries last, then its
+    ``on_retries_exhausted``. ``eager``: the caller waits inline -- an outage fails at
+    once, and the wait ends when ``eager_left`` (seconds, None: its bound has passed)
+    runs out."""
+    action = options.on_contended
+    if action == "retry" and eager and outage:
+        action = "fail"  # an outage surfaces at once: the caller is waiting inline
+    exhausted = action == "retry" and (
+        attempt > options.max_retries or (eager and eager_left is None)
+    )
+    if exhausted:
+        action = options.on_retries_exhausted
+    redelivered = action != "retry" and own_holder
+    if redelivered:
+        action = "skip"
+    countdown = None
+    if action == "retry":
+        countdown = retry_countdown(
+            attempt, options.retry_backoff, options.retry_backoff_max, holder_ttl
+        )
+        if eager_left is not None:  # the last try comes just after the wait's bound
+            countdown = min(countdown, max(0.0, eager_left) + MIN_COUNTDOWN)
+        then = f"retry in {countdown:.1f}s (attempt {attempt}/{options.max_retries})"
+    elif exhausted:
+        then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
+    else:
+        then = "skipped" if action == "skip" else "failed"
+    return Verdict(action, countdown, then, exhausted, redelivered)

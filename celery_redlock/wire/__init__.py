@@ -1,0 +1,17 @@
+"""Talking to lock nodes: everything between a command and the replies of N nodes.
+
+- ``resp``: the RESP2 codec and ``Command`` (EVALSHA with cached prefixes).
+- ``script``: the ``Script`` type (Lua source and SHA1) and the scripts every new
+  connection loads in its handshake.
+- ``round``: the sans-IO round -- fed "reply from node i", "failed", "deadline
+  passed"; says when the outcome is decided. No sockets, no clock.
+- ``connection``: one non-blocking connection; ``node``: one master (URL or client,
+  TLS, Sentinel-managed); ``node_set``: the node set and its poll driver.
+- ``sentinel``: ``sentinel://`` node URLs and master discovery.
+- ``late_replies``: the thread that reads the replies a round stopped waiting for.
+- ``unpatched``, ``background``: the interpreter's own primitives past gevent's or
+  eventlet's monkey-patching, and the background threads made from them.
+
+May import: ``celery_redlock.errors`` only. Knows nothing of locks or Celery
+(``tests/test_layout.py`` enforces it).
+"""

@@ -1,0 +1,370 @@
+"""Talking to N Redis nodes at once: the synchronous round.
+
+A lock operation is one *round*: the same command goes to every node, then the
+replies are read as they arrive -- one ``poll`` over all the sockets, from one thread,
+under one deadline shared by the whole round. The round stops as soon as its outcome
+is decided (a quorum said yes, or too many said no), so a hung node costs at most the
+round's deadline, never a deadline per node, and usually nothing at all.
+
+The rooms this one drives:
+
+- round.py counts: a sans-IO state machine told of each reply, failure and the
+  deadline; it says when the outcome is decided and what each node's result is;
+- connection.py talks to one node: non-blocking socket, handshake pipelined in front
+  of the first command, replies owed from earlier rounds read and dropped in order;
+- node.py is one node: URL -> address, TLS, handshake, and the idle connections;
+- resp.py packs commands and parses replies.
+
+What stays here is I/O policy: checking connections out and back in, the poll loop,
+one reconnect within the round for a pooled connection the node had dropped, handing
+connections that still owe replies to the finisher (late_replies.py reads them soon after
+the round, so a release reaches every node), and fork safety (a process that finds
+itself forked drops the parent's connections).
+
+This module must not import Celery, redlock.py or task code.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import time
+from typing import Callable, Final, NamedTuple, Optional, Protocol, Sequence
+
+from redis import exceptions as rexc
+
+from ..errors import ConfigurationError
+from . import late_replies as finisher
+from . import unpatched
+from .connection import MIN_OWED_AGE, READY, Connection, owed_age
+from .node import Node
+from .resp import Command, pack
+from .round import NOT_AWAITED, Batch, Round
+
+__all__ = ["NOT_AWAITED", "Batch", "Command", "Node", "NodeSet", "pack"]
+
+_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+
+# This process's pid, refreshed after a fork (a getpid per round is measurable).
+_PID = os.getpid()
+
+
+def _after_fork() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+class _Tally(Protocol):
+    """What the driver tells a tally and asks of it (``Round`` and ``Batch``)."""
+
+    @property
+    def decided(self) -> bool: ...
+    @property
+    def awaited(self) -> list[int]: ...
+    def awaiting(self, node: int) -> bool: ...
+    def failed(self, node: int, error: BaseException) -> None: ...
+    def deadline_passed(self, names: Sequence[str], timeout: float) -> None: ...
+
+
+class _Driven(NamedTuple):
+    """A tally and how its replies map back to commands."""
+
+    tally: _Tally
+    #: Tell the tally of node i's next reply; the command to send again as EVAL, if any.
+    resend: Callable[[int, object], Optional[Command]]
+    #: The commands node i still owes replies to, in order (sent again on reconnect).
+    unanswered: Callable[[int], Sequence[Command]]
+
+
+def _as_redis_error(exc: BaseException, address: str) -> BaseException:
+    """A failure as the round reports it: redis-py's error classes only."""
+    if isinstance(exc, rexc.RedisError):
+        return exc
+    return rexc.ConnectionError(f"{address}: {exc}")
+
+
+class NodeSet:
+    """N nodes and the round: one command to all of them, replies as they arrive."""
+
+    def __init__(self, specs: Sequence[object], clock: Callable[[], float] = time.monotonic):
+        self.nodes = [Node(spec, i) for i, spec in enumerate(specs)]
+        self._sentinel_managed = any(node.sentinel is not None for node in self.nodes)
+        seen: dict[tuple[str, ...], int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.identity in seen:
+                raise ConfigurationError(
+                    f"nodes: {node.address} is listed twice (nodes[{seen[node.identity]}] "
+                    f"and nodes[{i}]); Redlock needs N independent Redis masters"
+                )
+            seen[node.identity] = i
+        self._clock = clock
+        self._pid = _PID
+        # How long a reply may stay owed, for the longest round deadline seen.
+        self._owed_age = MIN_OWED_AGE
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def _check_fork(self) -> None:
+        if self._pid != _PID:
+            for node in self.nodes:
+                node.reset()
+            self._pid = _PID
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.reset()
+
+    def finish_owed(self, older_than: float) -> bool:
+        """The finisher's sweep (see late_replies.py): read what idle connections have
+        owed for over ``older_than`` seconds; True while some still owe."""
+        if self._pid != _PID:
+            return False  # the parent's connections
+        now = self._clock()
+        owing = False
+        due: list[tuple[Node, Connection]] = []
+        for node in self.nodes:
+            for conn in node.idle_owing():
+                if conn.state == READY and conn.owed_for(now) < older_than:
+                    owing = True  # the next round on it may well read it first
+                else:
+                    due.append((node, conn))
+        if not due:
+            return owing
+        # Take only what can move now (bytes in, room to write, or given up on):
+        # a hung node's connection stays in the pool for rounds to use.
+        poller = unpatched.poll()
+        for _, conn in due:
+            poller.register(conn.fileno(), _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        ready = {fd for fd, _ in poller.poll(0)}
+        for node, conn in due:
+            if conn.fileno() in ready or conn.owed_for(now) > self._owed_age:
+                owing = node.finish(conn, now, self._owed_age) or owing
+            else:
+                owing = True
+        return owing
+
+    def round(
+        self,
+        command: Command,
+        timeout: float,
+        is_yes: Callable[[object], bool] = bool,
+        enough_yes: Optional[int] = None,
+        enough_no: Optional[int] = None,
+        wait: bool = True,
+        deliver: bool = False,
+    ) -> list[object]:
+        """Send ``command`` to every node and collect one reply per node.
+
+        Stops when ``enough_yes`` replies satisfy ``is_yes`` or ``enough_no`` do not
+        (errors count as no), when every node has answered, or at ``timeout``
+        seconds. The result has one entry per node: the reply, ``NOT_AWAITED`` when
+        the outcome was decided before that node answered, or an exception instance
+        (``redis.ConnectionError``, ``redis.TimeoutError`` for a node that did not
+        answer in time, ``redis.ResponseError`` for a script error).
+
+        ``wait=False`` only writes to nodes with an idle, ready connection and returns
+        at once (a failed acquire's clean-up must not wait on hung nodes); their
+        replies are read and dropped by the next round on the same connection (or
+        the finisher), which also keeps the clean-up in order behind the command it
+        undoes.
+
+        ``deliver=True``: the command must reach every node it could be sent to,
+        also those the round stopped waiting for (a release): a connection still
+        being set up keeps it, and a NOSCRIPT reply that comes after the round is
+        resent as EVAL. Without it, a command not yet sent when the round ends is
+        dropped (an acquire's SET must not land later).
+        """
+        tally = Round(len(self.nodes), is_yes, enough_yes, enough_no)
+
+        def resend(i: int, reply: object) -> Optional[Command]:
+            return command if tally.replied(i, reply) else None
+
+        self._drive(
+            (command,), _Driven(tally, resend, lambda i: (command,)), timeout, wait, deliver
+        )
+        return tally.finish()
+
+    def batch_round(self, commands: Sequence[Command], tally: Batch, timeout: float) -> None:
+        """Send every one of ``commands`` to every node, pipelined, in one round.
+
+        ``tally`` (a ``Batch`` made for these commands, in this order) is told of each
+        reply, failure and the deadline, as in ``round``: the round stops once every
+        item of the batch is decided, every node has answered every command, or at
+        ``timeout`` seconds. Read the outcome with ``tally.finish()``. A command not
+        yet sent when the round ends is dropped (an extension need not land late).
+        """
+
+        def resend(i: int, reply: object) -> Optional[Command]:
+            again = tally.replied(i, reply)
+            return None if again is None else commands[again]
+
+        def unanswered(i: int) -> list[Command]:
+            return [commands[c] for c in tally.unanswered(i)]
+
+        self._drive(commands, _Driven(tally, resend, unanswered), timeout, True, False)
+
+    def _drive(
+        self,
+        commands: Sequence[Command],
+        driven: _Driven,
+        timeout: float,
+        wait: bool,
+        deliver: bool,
+    ) -> None:
+        """One round of ``commands`` to every node: send, collect, check back in."""
+        self._check_fork()
+        tally = driven.tally
+        now = self._clock()
+        if wait and timeout > 0:
+            age = owed_age(timeout)
+            if age > self._owed_age:
+                self._owed_age = age
+        conns = self._send_all(commands, tally, now, timeout, wait)
+        timed_out = wait and self._collect(driven, conns, now + timeout)
+        late = tally.awaited if timed_out else ()
+        if timed_out:
+            tally.deadline_passed([node.address for node in self.nodes], timeout)
+        owing = False
+        for i, (node, conn) in enumerate(zip(self.nodes, conns)):
+            if conn is None:
+                continue
+            if i in late and node.sentinel is not None:
+                # A hung master is what Sentinels fail over: ask them again next
+                # round (the connection is dropped once the address moves).
+                node.forget_address()
+            if i in late and conn.behind_for(now) > self._owed_age:
+                # Behind for long and no answer in time: out of step (requests lost
+                # on the way) or slower than the deadline for long. Start afresh.
+                conn.close()
+            elif node.checkin(conn, now, deliver):
+                owing = True
+        if owing:
+            finisher.note(self)
+
+    def _send_all(
+        self, commands: Sequence[Command], tally: _Tally, now: float, timeout: float, wait: bool
+    ) -> list[Optional[Connection]]:
+        """Write ``commands`` to every node; the connection each one is awaited on."""
+        conns: list[Optional[Connection]] = [None] * len(self.nodes)
+        # Nodes whose address is known are written first; each Sentinel-managed node
+        # still to be found then gets a share of what is left of the deadline, one
+        # share staying for the replies, so that hung Sentinels cost their own node,
+        # not the others (node.py).
+        order: Sequence[int] = range(len(self.nodes))
+        to_find = 0
+        if self._sentinel_managed:
+            order = sorted(order, key=lambda i: self.nodes[i].needs_discovery)
+            to_find = sum(1 for node in self.nodes if node.needs_discovery)
+        for i in order:
+            node = self.nodes[i]
+            try:
+                budget = max(0.0, now + timeout - self._clock())
+                if node.needs_discovery:
+                    budget /= to_find + 1  # and a share left for the replies
+                    to_find -= 1
+                conn = node.checkout(wait, now, self._owed_age, budget)
+                if conn is None:
+                    continue
+                conns[i] = conn
+                try:
+                    for command in commands:
+                        conn.send(command.payload, command, now)
+                except rexc.ConnectionError:
+                    if conn.born == now or not wait:
+                        raise
+                    # A pooled connection the node dropped (restart, idle timeout):
+                    # once more on a fresh one, within the same round.
+                    conn.close()
+                    conns[i] = conn = node.connect(now, budget)
+                    for command in commands:
+                        conn.send(command.payload, command, now)
+            except (rexc.RedisError, OSError) as exc:
+                tally.failed(i, _as_redis_error(exc, node.address))
+                failed = conns[i]
+                if failed is not None:
+                    failed.close()
+                    conns[i] = None
+        return conns
+
+    def _collect(self, driven: _Driven, conns: list[Optional[Connection]], deadline: float) -> bool:
+        """Read replies until decided (False) or the deadline passed (True)."""
+        tally = driven.tally
+        started = self._clock()
+        poller = unpatched.poll()
+        by_fd: dict[int, int] = {}
+        for i, conn in enumerate(conns):
+            if conn is not None:
+                fd = conn.fileno()
+                by_fd[fd] = i
+                poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        final = False
+        while by_fd and not tally.decided and not final:
+            remaining = deadline - self._clock()
+            # Past the deadline, look once more without waiting: a thread that woke
+            # late (GIL, busy CPU) must not ignore replies already in the sockets.
+            final = remaining <= 0
+            events = poller.poll(0 if final else math.ceil(remaining * 1000))
+            for fd, event in events:
+                i = by_fd.get(fd, -1)
+                conn = conns[i] if i >= 0 else None
+                if conn is None:
+                    continue
+                try:
+                    if event & select.POLLOUT:
+                        conn.advance()
+                    replies = conn.read() if event & _POLLIN or conn.state != READY else []
+                except (rexc.RedisError, OSError) as exc:
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                    conn.close()
+                    budget = max(0.0, deadline - self._clock())
+                    fresh = self._reconnect(driven, conn, exc, started, i, budget)
+                    if fresh is not None:
+                        conns[i] = fresh
+                        by_fd[fresh.fileno()] = i
+                        poller.register(fresh.fileno(), _POLLIN | _POLLOUT)
+                    continue
+                for reply in replies:
+                    again = driven.resend(i, reply)
+                    if again is not None:  # the node forgot our scripts
+                        conn.send(again.fallback(), again, self._clock())
+                if not tally.awaiting(i):
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                elif conn.sock is not None:
+                    poller.modify(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
+        return final and bool(by_fd)
+
+    def _reconnect(
+        self,
+        driven: _Driven,
+        conn: Connection,
+        exc: BaseException,
+        started: float,
+        i: int,
+        budget: float,
+    ) -> Optional[Connection]:
+        """Node ``i``'s connection failed mid-round: a fresh one that was sent the
+        commands still unanswered, or None when the node has failed this round (the
+        tally is told). ``budget``: seconds left of the round (see ``Node.connect``)."""
+        if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
+            # A pooled connection the node had dropped (restart, idle timeout): once
+            # more on a fresh one, within this round. The scripts are idempotent for
+            # our own value, so a resend is safe.
+            try:
+                fresh = self.nodes[i].connect(started, budget)
+                for command in driven.unanswered(i):
+                    fresh.send(command.payload, command, started)
+            except rexc.RedisError as again:
+                exc = again
+            else:
+                return fresh
+        driven.tally.failed(i, _as_redis_error(exc, self.nodes[i].address))
+        return None
