@@ -153,7 +153,8 @@ class AsyncRedlock:
     is a coroutine function (default ``asyncio.sleep``; an injected one turns
     hearing releases off: a blocked acquire then polls through it). One connection
     per node per event loop, opened on first use, and pub/sub connections for
-    blocked acquires (``close`` closes them all).
+    blocked acquires (``close`` closes them all). Its settings are read-only, as
+    ``Redlock``'s.
     """
 
     def __init__(

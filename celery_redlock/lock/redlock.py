@@ -112,6 +112,9 @@ class Redlock:
     ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests (with
     an injected ``sleep`` a blocked acquire polls through it instead of listening
     for releases).
+
+    The settings are checked once and frozen (settings.py): ``redlock.ttl`` and its
+    siblings, and ``quorum``, are read-only.
     """
 
     def __init__(
