@@ -28,13 +28,13 @@ from test_redlock import BAD_CONSTRUCTION
 from celery_redlock import (
     AlreadyHeld,
     ConfigurationError,
-    Lease,
     LockContended,
     LockLost,
     QuorumUnavailable,
     Redlock,
 )
 from celery_redlock.asyncio import AsyncRedlock
+from celery_redlock.lock.lease import LeaseState
 from celery_redlock.lock.stored import reentry_holds
 from celery_redlock.testing import RedisNodes, RedisServer
 
@@ -83,7 +83,7 @@ class Driven:
     def _settle(self, result: Any) -> Any:
         if inspect.isawaitable(result):
             result = self._runner.run(result)
-        if isinstance(result, Lease):
+        if isinstance(result, LeaseState):  # a Lease or an AsyncLease
             return Driven(result, self._runner)
         return result
 
@@ -107,7 +107,7 @@ class Driven:
             thread.start()
             thread.join(30)
         result = out[0]
-        return Driven(result, self._runner) if isinstance(result, Lease) else result
+        return Driven(result, self._runner) if isinstance(result, LeaseState) else result
 
     @contextlib.contextmanager
     def _lock(self, manager: Any) -> Iterator[Any]:

@@ -215,7 +215,7 @@ def test_fences_rise_across_a_delayed_restart_without_persistence(
     )
     b = Redlock(cluster.urls, ttl=5, fencing=True, node_timeout=NODE_TIMEOUT)
     if not clock_term:
-        a._wall_us = b._wall_us = lambda: 0
+        a._rules.wall_us = b._rules.wall_us = lambda: 0
     lease_a = a.acquire("restarted", blocking=False)
     assert lease_a is not None and lease_a.fence is not None
     assert cluster[0].client().get("restarted\x00fence") is not None

@@ -83,7 +83,7 @@ def test_acquire_succeeds_iff_a_quorum_of_nodes_is_free(
             free = n - size
             if free >= need:
                 assert lease is not None, f"free={free} of {n} must win"
-                assert lease.deadline >= before + KEY_TTL - redlock._margin(KEY_TTL)
+                assert lease.deadline >= before + KEY_TTL - redlock._rules.settings.margin(KEY_TTL)
                 lease.release()
             else:
                 assert lease is None, f"free={free} of {n} must lose"
@@ -221,7 +221,7 @@ def test_single_node_lock_works(redis_server: RedisServer) -> None:
     redlock = Redlock([redis_server.url], ttl=5, node_timeout=NODE_TIMEOUT)
     before = time.monotonic()
     lease = redlock.acquire("one")
-    assert lease is not None and lease.deadline >= before + 5 - redlock._margin(5)
+    assert lease is not None and lease.deadline >= before + 5 - redlock._rules.settings.margin(5)
     other = Redlock([redis_server.url], ttl=5, node_timeout=NODE_TIMEOUT)  # another client
     assert other.acquire("one", blocking=False) is None
     assert lease.extend()

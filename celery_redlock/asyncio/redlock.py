@@ -1,10 +1,11 @@
 """``AsyncRedlock`` and ``AsyncLease``: the Redlock for asyncio code.
 
 Same constructor, same checks, same algorithm as ``celery_redlock.Redlock``: both
-inherit ``LockRules`` (rules.py), whose steps yield rounds; here each round is
-awaited on the event loop (nodes.py in this package) instead of run on a blocking
-poll. So a FastAPI or aiohttp service and the Celery workers take the same locks
-on the same nodes, and see each other's holders::
+have a ``LockRules`` (lock/rules.py) holding their ``Settings`` (lock/settings.py),
+whose steps yield rounds; here each round is awaited on the event loop (nodes.py in
+this package) instead of run on a blocking poll. So a FastAPI or aiohttp service
+and the Celery workers take the same locks on the same nodes, and see each other's
+holders::
 
     redlock = AsyncRedlock(["redis://lock1:6379/0", "redis://lock2:6379/0", ...])
     async with redlock.lock("report:42", ttl=10, auto_extend=True) as lease:
@@ -24,7 +25,9 @@ Reentrancy (``reentrant=True``, ``AlreadyHeld``; see reentry.py): the execution 
 the current asyncio Task, so two tasks of one event loop are two executions, as two
 threads are for ``Redlock``.
 
-Must not import Celery, redlock.py or the watchdog (its thread is for sync leases).
+``AsyncLease`` shares ``LeaseState`` (lock/lease.py) with ``Lease``: the same state,
+with coroutines where ``Lease`` blocks. Must not import Celery, lock/redlock.py or
+the watchdog (its thread is for sync leases).
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+from typing import Any, Callable, NoReturn, Optional, Sequence, TypeVar, Union
 
 from ..errors import QuorumUnavailable, RedlockError
 from ..lock.acquire_replies import Attempt
 from ..lock.commands import lock_keys
-from ..lock.lease import Duration, Extension, Lease
+from ..lock.lease import Duration, Extension, LeaseState
 from ..lock.queries import clear_matching
 from ..lock.quorum import clear_match, judge_exit, lease_value
 from ..lock.reentry import HeldLeases
 from ..lock.rules import LockRules
+from ..lock.settings import DEFAULTS, Settings
 from ..lock.steps import Ask, Pause, Settle, Steps
 from ..lock.stored import HolderInfo
 from ..lock.validate import seconds
@@ -81,19 +85,22 @@ def _forget_task(task: asyncio.Task[Any]) -> None:
     _task_names.pop(id(task), None)
 
 
-class AsyncLease(Lease):
-    """A lease won by ``AsyncRedlock``: the same state as ``Lease`` (``validity``,
-    ``held``, ``lost``, ``fence``, ``ensure_held``, callbacks), with ``extend``,
-    ``release`` and ``owned`` as coroutines that return and raise as ``Lease``'s."""
+class AsyncLease(LeaseState):
+    """A lease won by ``AsyncRedlock``: the same state as ``Lease`` (``LeaseState``:
+    ``validity``, ``held``, ``lost``, ``fence``, ``ensure_held``, callbacks), with
+    ``extend``, ``release`` and ``owned`` as coroutines that return and raise as
+    ``Lease``'s, and ``async with`` where ``Lease`` has ``with``."""
 
+    _owner: AsyncRedlock
     #: The extension round in flight, if any (a re-acquire waits for it: ``Settle``).
     _extending: Optional[asyncio.Future[None]] = None
 
     @property
-    def _lock_of(self) -> AsyncRedlock:
-        return cast(AsyncRedlock, self._owner)
+    def owner(self) -> AsyncRedlock:
+        """The lock that granted the lease: its rounds go through it."""
+        return self._owner
 
-    async def extend(self, ttl: Optional[Duration] = None) -> bool:  # type: ignore[override]
+    async def extend(self, ttl: Optional[Duration] = None) -> bool:
         """See ``Lease.extend``."""
         new_ttl = self.ttl if ttl is None else seconds("ttl", ttl)
         await self._settled()  # one extension round at a time
@@ -101,7 +108,7 @@ class AsyncLease(Lease):
             return False
         done = self._extending = asyncio.get_running_loop().create_future()
         try:
-            outcome = await self._lock_of._extend_lease(self, new_ttl)
+            outcome = await self._owner._extend_lease(self, new_ttl)
         finally:
             self._extending = None
             done.set_result(None)
@@ -114,20 +121,23 @@ class AsyncLease(Lease):
         while self._extending is not None:
             await asyncio.wait([self._extending])  # never cancels the round's future
 
-    async def release(self) -> bool:  # type: ignore[override]
+    async def release(self) -> bool:
         """See ``Lease.release``: True, False or ``QuorumUnavailable``."""
         if self._released:
             return False
         self._released = True
-        lock = self._lock_of
-        return await lock._drive(lock._release_lease_steps(self))
+        return await self._owner._release_lease(self)
 
-    async def owned(self) -> bool:  # type: ignore[override]
+    async def owned(self) -> bool:
         """See ``Lease.owned``."""
-        return await self._lock_of._owned_lease(self)
+        return await self._owner._owned_lease(self)
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> NoReturn:
+        # A plain ``with`` would never release the lease: say what to write instead.
         raise TypeError("an AsyncLease is released with 'async with', not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never reached (``__enter__`` refuses); Python wants both to say so."""
 
     async def __aenter__(self) -> AsyncLease:
         return self
@@ -136,49 +146,82 @@ class AsyncLease(Lease):
         await asyncio.shield(self.release())
 
 
-class AsyncRedlock(LockRules):
+class AsyncRedlock:
     """The Redlock over N independent Redis masters, for asyncio.
 
     Arguments as ``Redlock``'s (same defaults, same checks, same errors); ``sleep``
     is a coroutine function (default ``asyncio.sleep``; an injected one turns
     hearing releases off: a blocked acquire then polls through it). One connection
     per node per event loop, opened on first use, and pub/sub connections for
-    blocked acquires (``close`` closes them all).
+    blocked acquires (``close`` closes them all). Its settings are read-only, as
+    ``Redlock``'s.
     """
-
-    _nodes: AsyncNodeSet
 
     def __init__(
         self,
         nodes: Sequence[object],
-        ttl: Duration = 30.0,
-        node_timeout: Duration = 0.05,
-        drift_factor: float = 0.01,
-        retry_count: int = 3,
-        retry_delay: Duration = 0.2,
+        ttl: Duration = DEFAULTS.ttl,
+        node_timeout: Duration = DEFAULTS.node_timeout,
+        drift_factor: float = DEFAULTS.drift_factor,
+        retry_count: int = DEFAULTS.retry_count,
+        retry_delay: Duration = DEFAULTS.retry_delay,
         *,
-        fencing: bool = False,
-        max_hold: Optional[Duration] = None,
+        fencing: bool = DEFAULTS.fencing,
+        max_hold: Optional[Duration] = DEFAULTS.max_hold,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
-        self._configure(
+        settings = Settings.checked(
             nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
         )
-        self._clock = clock
         self._sleep = sleep
         self._nodes = AsyncNodeSet(nodes, clock=clock)
-        # Which leases each execution (asyncio Task) won through this lock.
-        self._held = HeldLeases(current_task_execution)
-        self._count_nodes(len(self._nodes))
+        # Which leases each execution (asyncio Task) won: in the rules' record.
+        held = HeldLeases(current_task_execution)
+        self._rules = LockRules(settings, self.nodes, held, clock)
         # A blocked acquire hears releases (wake.py here), unless waits were injected.
         self._wakeups: Optional[AsyncWakeups] = None
         if sleep is asyncio.sleep:
-            heard_enough = len(self._nodes) - self.quorum + 1
-            self._wakeups = AsyncWakeups(self._nodes.nodes, heard_enough, self.node_timeout)
+            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            self._wakeups = AsyncWakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:
         return f"<AsyncRedlock [{', '.join(self.nodes)}] ttl={self.ttl}s>"
+
+    # -- the settings (lock/settings.py), read-only ---------------------------------
+
+    @property
+    def ttl(self) -> float:
+        return self._rules.settings.ttl
+
+    @property
+    def node_timeout(self) -> float:
+        return self._rules.settings.node_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        return self._rules.settings.drift_factor
+
+    @property
+    def retry_count(self) -> int:
+        return self._rules.settings.retry_count
+
+    @property
+    def retry_delay(self) -> float:
+        return self._rules.settings.retry_delay
+
+    @property
+    def fencing(self) -> bool:
+        return self._rules.settings.fencing
+
+    @property
+    def max_hold(self) -> Optional[float]:
+        return self._rules.settings.max_hold
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes make a majority."""
+        return self._rules.quorum
 
     @property
     def nodes(self) -> list[str]:
@@ -232,7 +275,7 @@ class AsyncRedlock(LockRules):
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
         more hold of its lease. ``key`` may be a list of keys taken together."""
         attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
-        return cast(Optional[AsyncLease], attempt.outcome(key, False))
+        return attempt.outcome(key, False)
 
     async def try_acquire(
         self,
@@ -247,7 +290,9 @@ class AsyncRedlock(LockRules):
     ) -> AsyncLease:
         """Like ``acquire`` but raises ``LockContended`` instead of returning None."""
         attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
-        return cast(AsyncLease, attempt.outcome(key, True))
+        lease = attempt.outcome(key, True)
+        assert lease is not None
+        return lease
 
     async def _acquire(
         self,
@@ -258,14 +303,14 @@ class AsyncRedlock(LockRules):
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool,
-    ) -> Attempt:
-        steps = self._acquire_steps(
+    ) -> Attempt[AsyncLease]:
+        steps = self._rules.acquire_steps(
             self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
         )
         wakeups = self._wakeups
         if not blocking or wakeups is None:
             return await self._drive(steps)
-        listener = wakeups.listener(self._clock, self._sleep)
+        listener = wakeups.listener(self._rules.clock, self._sleep)
         try:  # also when cancelled: unsubscribed, its connections pooled
             return await self._drive(steps, listener.pause)
         finally:
@@ -294,7 +339,9 @@ class AsyncRedlock(LockRules):
         lease = await self.try_acquire(
             key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
         )
-        keeper = asyncio.ensure_future(keep_alive(lease, self._clock)) if auto_extend else None
+        keeper = (
+            asyncio.ensure_future(keep_alive(lease, self._rules.clock)) if auto_extend else None
+        )
         try:
             yield lease
         except BaseException:
@@ -320,42 +367,49 @@ class AsyncRedlock(LockRules):
 
     async def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
         """See ``Redlock.release_value``."""
-        keys = lock_keys(key)
-        return await self._drive(self._release_steps(keys, lease_value(value), self.ttl))
+        steps = self._rules.release_steps(lock_keys(key), lease_value(value), self.ttl)
+        return await self._drive(steps)
 
     async def extend_value(
         self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
     ) -> bool:
         """See ``Redlock.extend_value``."""
-        return await self._drive(self._extend_value_steps(key, value, ttl))
+        return await self._drive(self._rules.extend_value_steps(key, value, ttl))
 
     async def holder(self, key: str) -> HolderInfo:
         """See ``Redlock.holder``."""
-        return await self._drive(self._holder_steps(key))
+        return await self._drive(self._rules.holder_steps(key))
 
     async def locked(self, key: str) -> bool:
         """See ``Redlock.locked``."""
-        return await self._drive(self._locked_steps(key))
+        return await self._drive(self._rules.locked_steps(key))
 
     async def force_release(self, key: str) -> int:
         """See ``Redlock.force_release``."""
-        return await self._drive(self._force_release_steps(key))
+        return await self._drive(self._rules.force_release_steps(key))
 
     async def clear(self, match: str = "*") -> int:
         """See ``Redlock.clear``. SCAN runs on a worker thread (plain redis-py
         clients, as the synchronous lock's), not on the event loop."""
         match = clear_match(match)
-        self._forget_held(match=match)
-        return await asyncio.to_thread(clear_matching, self._nodes.nodes, match, self.quorum)
+        self._rules.held.forget_keys(match=match)
+        quorum = self._rules.quorum
+        return await asyncio.to_thread(clear_matching, self._nodes.nodes, match, quorum)
 
-    async def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
-        return await self._drive(self._extend_steps(lease, ttl))
+    def hand_over(self, lease: LeaseState) -> None:
+        """See ``Redlock.hand_over``."""
+        self._rules.held.forget(lease)
 
-    async def _release_lease(self, lease: Lease) -> bool:
-        return await self._drive(self._release_lease_steps(lease))
+    # -- what an AsyncLease asks of its lock ------------------------------------------
 
-    async def _owned_lease(self, lease: Lease) -> bool:
-        return await self._drive(self._owned_steps(lease))
+    async def _extend_lease(self, lease: AsyncLease, ttl: float) -> Extension:
+        return await self._drive(self._rules.extend_steps(lease, ttl))
+
+    async def _release_lease(self, lease: AsyncLease) -> bool:
+        return await self._drive(self._rules.release_lease_steps(lease))
+
+    async def _owned_lease(self, lease: AsyncLease) -> bool:
+        return await self._drive(self._rules.owned_steps(lease))
 
 
 async def keep_alive(lease: AsyncLease, clock: Callable[[], float]) -> None:

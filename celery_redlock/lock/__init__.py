@@ -1,12 +1,15 @@
 """The Redlock algorithm, without Celery.
 
-- ``redlock``: ``Redlock``, composed of the parts below; ``lease``: the ``Lease`` a
-  caller holds; ``queries``: calls that need no lease (``locked``, ``force_release``,
-  ``clear``, ``extend_value``).
-- ``steps``: the step protocol (``Ask``, ``Pause``, ``Settle``) every operation is
-  written in, and ``drive`` for a blocking round; ``rules``: the steps of every
-  operation, shared with ``celery_redlock.asyncio``; ``quorum``: quorum and validity
-  arithmetic, reply predicates, argument checks.
+- ``redlock``: ``Redlock``, which *has* (no base classes) its ``LockRules``, its node
+  set and its wake-ups, and drives the rules' steps; ``lease``: ``LeaseState`` (a
+  lease without I/O) and the ``Lease`` a blocking caller holds; ``queries``:
+  ``clear``'s SCAN over every node.
+- ``settings``: ``Settings``, the constructor's arguments with their defaults and
+  checks, frozen; ``steps``: the step protocol (``Ask``, ``Pause``, ``Settle``)
+  every operation is written in, and ``drive`` for a blocking round; ``rules``:
+  ``LockRules``, the settings, node addresses, held leases and clock of one lock and
+  the steps of every operation, shared with ``celery_redlock.asyncio``; ``quorum``:
+  quorum and validity arithmetic, reply predicates, argument checks.
 - ``commands``: what each operation sends to a node; ``scripts``, ``multi_scripts``:
   the Lua; ``stored``: what is stored under a lock key (``token|holder``, tombstones,
   fence counters, the wake channel).

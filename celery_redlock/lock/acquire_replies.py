@@ -15,14 +15,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Generic, Optional, TypeVar, Union
 
 from ..errors import LockContended, QuorumUnavailable
 from .commands import lease_name, lock_keys
-from .lease import Lease
+from .lease import LeaseState
 from .stored import split_value
 
 __all__ = ["Attempt", "is_granted", "why_not"]
+
+#: The kind of lease an attempt wins (``Lease``, ``AsyncLease``).
+L = TypeVar("L", bound=LeaseState)
 
 
 def is_granted(reply: object) -> bool:
@@ -31,16 +34,16 @@ def is_granted(reply: object) -> bool:
 
 
 @dataclass
-class Attempt:
+class Attempt(Generic[L]):
     """What one acquire round achieved: the lease, or why it failed (for the retry
     loop and the errors it raises)."""
 
-    lease: Optional[Lease] = None
+    lease: Optional[L] = None
     holder: Optional[str] = None
     holder_ttl: Optional[float] = None
     unavailable: Optional[QuorumUnavailable] = None
 
-    def outcome(self, key: Union[str, Sequence[str]], contended: bool) -> Optional[Lease]:
+    def outcome(self, key: Union[str, Sequence[str]], contended: bool) -> Optional[L]:
         """The lease; ``QuorumUnavailable`` when too few nodes answered; when not
         won, ``None``, or ``LockContended`` (holder, its remaining TTL) if
         ``contended``. ``key``: the acquire's (one key, or a set named as its lease)."""
@@ -52,7 +55,7 @@ class Attempt:
         return self.lease
 
 
-def why_not(key: str, results: list[object], addresses: Sequence[str], need: int) -> Attempt:
+def why_not(key: str, results: list[object], addresses: Sequence[str], need: int) -> Attempt[Any]:
     """Contention (someone holds the key) or an outage (too few nodes answered)?
     ``results``: each node's reply, in the order of ``addresses``; ``need``: the quorum."""
     count = len(results)

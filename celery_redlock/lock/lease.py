@@ -1,4 +1,4 @@
-"""A lock we won: the ``Lease`` and what its holder can ask of it.
+"""A lock we won: its state (``LeaseState``), and the ``Lease`` a blocking holder uses.
 
 A lease counts its validity down on the lock's monotonic clock from the moment the
 acquire round started; once it reaches zero another client may hold the key. It is
@@ -8,28 +8,38 @@ once, and ``held`` / ``ensure_held()`` tell the holder. An extension round that 
 met slow or unreachable nodes while validity remains does not lose the lease: it
 says by when to try again (``retry_by``), and the watchdog does.
 
-The rounds themselves belong to the lock that granted the lease: ``extend`` and
-``release`` ask it through ``LeaseOwner`` (``Redlock`` is one), so this module knows
-no nodes and imports nothing from redlock.py or node_set.py (nor Celery).
+``LeaseState`` is everything a lease is without I/O: key, token, fence, validity,
+lost or released, its callbacks and the bookkeeping of an extension's outcome. The
+rounds belong to the lock that granted the lease, and how they are waited for to
+the lease's kind: ``Lease`` (``Redlock``'s) blocks, asking its lock through
+``LeaseOwner``; ``AsyncLease`` (``celery_redlock.asyncio``) awaits. Code that reads
+a lease of either kind (the rules, ``judge_exit``, the held-lease record) takes a
+``LeaseState``.
+
+This module knows no nodes and imports nothing from redlock.py or node_set.py (nor
+Celery, nor asyncio).
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeVar, Union
 
 from ..errors import LockLost
 from ..wire.background import in_hub, new_rlock
 from . import validate
 from .stored import FIRST_HOLD
 
-__all__ = ["Duration", "Extension", "Lease", "LeaseOwner"]
+__all__ = ["Duration", "Extension", "Lease", "LeaseOwner", "LeaseState"]
 
 # The name the logger had before the package was split into folders: users filter on it.
 logger = logging.getLogger("celery_redlock.lease")
 
 Duration = Union[float, int, timedelta]
+
+#: A lease of either kind, as its own callbacks see it.
+L = TypeVar("L", bound="LeaseState")
 
 
 class Extension(NamedTuple):
@@ -57,16 +67,19 @@ class LeaseOwner(Protocol):
         """Whether a quorum of nodes still holds the lease's value (one read round)."""
 
 
-class Lease:
-    """A lock we won: key, token, fence and how long it is guaranteed ours.
+class LeaseState:
+    """A lock we won: key, token, fence and how long it is guaranteed ours; no I/O.
 
-    Returned by ``Redlock.acquire``. ``validity`` counts down from the moment the
-    acquire round started; once it reaches zero another client may hold the key.
+    ``validity`` counts down from the moment the acquire round started; once it
+    reaches zero another client may hold the key. ``owner`` is the lock that granted
+    it; what the lease asks of it is its subclass's (``Lease``, ``AsyncLease``).
     """
+
+    _owner: object
 
     def __init__(
         self,
-        owner: LeaseOwner,
+        owner: object,
         clock: Callable[[], float],
         key: str,
         token: str,
@@ -100,8 +113,9 @@ class Lease:
         self._deadline = deadline
         self._released = False
         self._lost_reason: Optional[str] = None
-        self._on_lost: list[Callable[[Lease], Any]] = []
-        self._on_extended: list[Callable[[Lease], Any]] = []
+        # Each takes the lease itself (its own kind: see ``on_lost``).
+        self._on_lost: list[Callable[[Any], Any]] = []
+        self._on_extended: list[Callable[[Any], Any]] = []
         self._lost_fired = False
         self._lock = new_rlock()  # an original lock: the watchdog's OS thread takes it
         #: Reentrancy (reentry.py): this lease's hold of its value once the value was
@@ -122,7 +136,7 @@ class Lease:
         return self._deadline - self._clock()
 
     @property
-    def owner(self) -> LeaseOwner:
+    def owner(self) -> object:
         """The lock that granted the lease: its rounds go through it."""
         return self._owner
 
@@ -163,12 +177,12 @@ class Lease:
             self.mark_lost(self.lost_reason or "released")
             raise LockLost(self.key, self.lost_reason or "released")
 
-    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
+    def on_lost(self: L, callback: Callable[[L], Any]) -> None:
         """Call ``callback(lease)`` once, when the lease is found lost."""
         with self._lock:
             self._on_lost.append(callback)
 
-    def on_extended(self, callback: Callable[[Lease], Any]) -> None:
+    def on_extended(self: L, callback: Callable[[L], Any]) -> None:
         """Call ``callback(lease)`` after each successful extension."""
         with self._lock:
             self._on_extended.append(callback)
@@ -192,6 +206,46 @@ class Lease:
         with self._lock:
             if self.hold is None:
                 self.hold = FIRST_HOLD
+
+    def _record(self, outcome: Extension) -> list[Callable[[Any], Any]]:
+        """Note what an extension round achieved (under ``_lock``); the callbacks to run."""
+        self.retry_by = outcome.retry_by
+        if outcome.deadline is not None:
+            self._deadline = outcome.deadline
+            self.extensions += 1
+        return list(self._on_extended)
+
+    def _announce(self, outcome: Extension, callbacks: list[Callable[[Any], Any]]) -> bool:
+        """After ``_record``: mark the lease lost, or run the ``on_extended`` callbacks."""
+        if outcome.deadline is None:
+            if outcome.reason is not None and outcome.retry_by is None:
+                self.mark_lost(outcome.reason)
+            return False
+        if callbacks:
+            in_hub(lambda: self._run(callbacks, "lock_extended"))
+        return True
+
+    def _run(self, callbacks: list[Callable[[Any], Any]], what: str) -> None:
+        # Under gevent or eventlet, from the watchdog's OS thread: handed to the hub
+        # (by in_hub), since callbacks log, send signals and take green locks.
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("%s callback failed for %s", what, self.key)
+
+
+class Lease(LeaseState):
+    """A lock won by ``Redlock``: a ``LeaseState`` whose ``extend``, ``release`` and
+    ``owned`` are blocking rounds, asked of its lock (``LeaseOwner``), and a context
+    manager that releases it."""
+
+    _owner: LeaseOwner
+
+    @property
+    def owner(self) -> LeaseOwner:
+        """The lock that granted the lease: its rounds go through it."""
+        return self._owner
 
     def extend(self, ttl: Optional[Duration] = None) -> bool:
         """Push expiry to ``ttl`` seconds from now (default: the lease's ttl) on all nodes.
@@ -235,33 +289,6 @@ class Lease:
         finally:
             self._lock.release()
         return self._announce(outcome, callbacks)
-
-    def _record(self, outcome: Extension) -> list[Callable[[Lease], Any]]:
-        """Note what an extension round achieved (under ``_lock``); the callbacks to run."""
-        self.retry_by = outcome.retry_by
-        if outcome.deadline is not None:
-            self._deadline = outcome.deadline
-            self.extensions += 1
-        return list(self._on_extended)
-
-    def _announce(self, outcome: Extension, callbacks: list[Callable[[Lease], Any]]) -> bool:
-        """After ``_record``: mark the lease lost, or run the ``on_extended`` callbacks."""
-        if outcome.deadline is None:
-            if outcome.reason is not None and outcome.retry_by is None:
-                self.mark_lost(outcome.reason)
-            return False
-        if callbacks:
-            in_hub(lambda: self._run(callbacks, "lock_extended"))
-        return True
-
-    def _run(self, callbacks: list[Callable[[Lease], Any]], what: str) -> None:
-        # Under gevent or eventlet, from the watchdog's OS thread: handed to the hub
-        # (by in_hub), since callbacks log, send signals and take green locks.
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception:
-                logger.exception("%s callback failed for %s", what, self.key)
 
     def release(self) -> bool:
         """Delete the key on all nodes where it still holds our token.

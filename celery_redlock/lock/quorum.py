@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 from ..errors import ConfigurationError, LockLost
 from . import validate
-from .lease import Lease
+from .lease import LeaseState
 from .stored import INTERNAL
 
 __all__ = [
@@ -77,7 +77,9 @@ def lease_value(value: object) -> str:
     return value
 
 
-def judge_exit(lease: Lease, lost: Optional[str], released: Union[bool, BaseException]) -> None:
+def judge_exit(
+    lease: LeaseState, lost: Optional[str], released: Union[bool, BaseException]
+) -> None:
     """Leaving a ``lock`` block that did not raise, after its release (``released``:
     its outcome, or the ``QuorumUnavailable`` it raised). ``LockLost`` when the
     lease was lost while the block ran (``lost``: why) or the release found it no

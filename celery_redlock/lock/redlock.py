@@ -14,16 +14,18 @@ reply may have been lost after the SET happened.
 With ``fencing=True`` a second round makes ``lease.fence`` strictly increase from
 one holder to the next (see ``Redlock.acquire``).
 
-Rooms: what is stored under a key (token|holder, tombstones, fence counters) is
-stored.py; the ``Lease`` a caller holds is lease.py; calls that need no lease
-(``locked``, ``extend_value``, ``force_release``, ``clear``) and how a round's
-replies read as True, False or ``QuorumUnavailable`` are queries.py; the steps of
-each operation, shared with the asyncio driver, are rules.py (what each operation
-sends, for one key or a set of keys, commands.py; reentrancy's record reentry.py,
-refusals acquire_replies.py, extension arithmetic extend_replies.py, the watchdog's batched
-renewal renewals.py); talking to the nodes is node_set.py; the Lua is scripts.py.
-This module knows nothing about Celery and must not import it; lease.py,
-stored.py and watchdog.py must not import this module.
+How it is put together: a ``Redlock`` *has* its ``Settings`` (settings.py: the
+constructor's arguments, checked once, frozen) inside its ``LockRules`` (rules.py:
+the settings, the node addresses, the held-lease record and the clock, and the
+steps of every operation, shared with the asyncio driver), its ``NodeSet``
+(wire/node_set.py: the round's I/O) and its ``Wakeups`` (wake.py). Every method
+here is the rules' steps driven by ``steps.drive`` over ``NodeSet.round``; what is
+left here is what only the blocking driver does: hearing releases while blocked,
+``lock()`` with the watchdog, the watchdog's batched renewal (renewals.py), and
+``clear``'s SCAN (queries.py). The ``Lease`` a caller holds is lease.py; what is
+stored under a key (token|holder, tombstones, fence counters) stored.py; the Lua
+scripts.py. This module knows nothing about Celery and must not import it;
+lease.py, stored.py, rules.py and watchdog.py must not import this module.
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 from ..errors import QuorumUnavailable, RedlockError
 from ..wire.node_set import NodeSet
 from .acquire_replies import Attempt
-from .commands import Keys, lock_keys
-from .lease import Duration, Extension, Lease
-from .queries import LockQueries
-from .quorum import CLOCK_PRECISION, judge_exit, lease_value, quorum
+from .commands import lock_keys
+from .lease import Duration, Extension, Lease, LeaseState
+from .queries import clear_matching
+from .quorum import CLOCK_PRECISION, clear_match, judge_exit, lease_value, quorum
 from .reentry import HeldLeases
 from .renewals import extend_batch
-from .steps import Pause, drive
+from .rules import LockRules
+from .settings import DEFAULTS, Settings
+from .steps import Ask, Pause, Steps, drive
 from .stored import (
     FENCE,
     INTERNAL,
@@ -81,8 +85,10 @@ logger = logging.getLogger("celery_redlock.redlock")
 
 _SLEEP = time.sleep  # the default: waits are the lock's own, releases are heard
 
+T = TypeVar("T")
 
-class Redlock(LockQueries):
+
+class Redlock:
     """The Redlock distributed lock over N independent Redis masters.
 
     ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
@@ -106,39 +112,76 @@ class Redlock(LockQueries):
     ``clock`` / ``sleep``: monotonic clock and sleep, injectable for tests (with
     an injected ``sleep`` a blocked acquire polls through it instead of listening
     for releases).
+
+    The settings are checked once and frozen (settings.py): ``redlock.ttl`` and its
+    siblings, and ``quorum``, are read-only.
     """
 
     def __init__(
         self,
         nodes: Sequence[object],
-        ttl: Duration = 30.0,
-        node_timeout: Duration = 0.05,
-        drift_factor: float = 0.01,
-        retry_count: int = 3,
-        retry_delay: Duration = 0.2,
+        ttl: Duration = DEFAULTS.ttl,
+        node_timeout: Duration = DEFAULTS.node_timeout,
+        drift_factor: float = DEFAULTS.drift_factor,
+        retry_count: int = DEFAULTS.retry_count,
+        retry_delay: Duration = DEFAULTS.retry_delay,
         *,
-        fencing: bool = False,
-        max_hold: Optional[Duration] = None,
+        fencing: bool = DEFAULTS.fencing,
+        max_hold: Optional[Duration] = DEFAULTS.max_hold,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = _SLEEP,
     ) -> None:
-        self._configure(
+        settings = Settings.checked(
             nodes, ttl, node_timeout, drift_factor, retry_count, retry_delay, fencing, max_hold
         )
-        self._clock = clock
         self._sleep = sleep
         self._nodes = NodeSet(nodes, clock=clock)
-        self._held = HeldLeases()  # which leases each execution (thread, task run) won
-        self._count_nodes(len(self._nodes))
+        # Which leases each execution (thread, task run) won: in the rules' record.
+        self._rules = LockRules(settings, self.nodes, HeldLeases(), clock)
         # A blocked acquire hears releases (wake.py), unless waits were injected.
         self._wakeups: Optional[Wakeups] = None
         if sleep is _SLEEP or sleep is time.sleep:  # not injected (gevent may patch later)
-            heard_enough = len(self._nodes) - self.quorum + 1
-            self._wakeups = Wakeups(self._nodes.nodes, heard_enough, self.node_timeout)
+            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            self._wakeups = Wakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
         return f"<Redlock [{addresses}] ttl={self.ttl}s>"
+
+    # -- the settings (settings.py), read-only -------------------------------------
+
+    @property
+    def ttl(self) -> float:
+        return self._rules.settings.ttl
+
+    @property
+    def node_timeout(self) -> float:
+        return self._rules.settings.node_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        return self._rules.settings.drift_factor
+
+    @property
+    def retry_count(self) -> int:
+        return self._rules.settings.retry_count
+
+    @property
+    def retry_delay(self) -> float:
+        return self._rules.settings.retry_delay
+
+    @property
+    def fencing(self) -> bool:
+        return self._rules.settings.fencing
+
+    @property
+    def max_hold(self) -> Optional[float]:
+        return self._rules.settings.max_hold
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes make a majority."""
+        return self._rules.quorum
 
     @property
     def nodes(self) -> list[str]:
@@ -157,6 +200,16 @@ class Redlock(LockQueries):
         self._nodes.close()
         if self._wakeups is not None:
             self._wakeups.close()
+
+    def _drive(self, steps: Steps[T]) -> T:
+        """Run an operation's steps (rules.py), each round on this lock's nodes."""
+        return drive(steps, self._round_trip, self._sleep)
+
+    def _round_trip(self, ask: Ask) -> list[object]:
+        return self._nodes.round(
+            ask.command, ask.timeout, ask.is_yes, ask.enough_yes, ask.enough_no, ask.wait,
+            ask.deliver,
+        )  # fmt: skip
 
     # -- acquire ------------------------------------------------------------------
 
@@ -236,9 +289,9 @@ class Redlock(LockQueries):
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool,
-    ) -> Attempt:
-        # The attempts, the waits between them and the checks are LockRules' (rules.py).
-        steps = self._acquire_steps(
+    ) -> Attempt[Lease]:
+        # The attempts, the waits between them and the checks are the rules' (rules.py).
+        steps = self._rules.acquire_steps(
             self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
         )
         wakeups = self._wakeups
@@ -248,7 +301,7 @@ class Redlock(LockQueries):
 
         def pause(step: Pause) -> None:
             if not listening:
-                listening.append(wakeups.listener(self._clock, self._sleep))
+                listening.append(wakeups.listener(self._rules.clock, self._sleep))
             listening[0].pause(step)
 
         try:
@@ -309,7 +362,7 @@ class Redlock(LockQueries):
             released = exc
         judge_exit(lease, lost, released)
 
-    # -- release and inspection ------------------------------------------------------
+    # -- release, inspection and operators' deletions ------------------------------
 
     def release_value(self, key: Union[str, Sequence[str]], value: str) -> bool:
         """Compare-and-delete ``key`` on all nodes if it still holds ``value`` (a
@@ -317,29 +370,79 @@ class Redlock(LockQueries):
         handed its value over, e.g. in a message header. Never touches another
         holder's lock. ``key`` may be the list of keys a lease took together.
         Returns and raises as ``Lease.release``."""
-        return self._release(lock_keys(key), lease_value(value), self.ttl)
+        steps = self._rules.release_steps(lock_keys(key), lease_value(value), self.ttl)
+        return self._drive(steps)
+
+    def extend_value(
+        self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration] = None
+    ) -> bool:
+        """Push ``key``'s expiry to ``ttl`` seconds from now (default: this lock's
+        ttl) on all nodes where it still holds ``value`` (a lease's ``token|holder``),
+        for a process that holds no ``Lease`` but was handed the value. ``key`` may be
+        the list of keys a lease took together (each node extends all or none).
+
+        True when a quorum extended it; False when it is no longer that holder's
+        (too many nodes answered that it is not); ``QuorumUnavailable`` when too few
+        answered to tell. Unlike ``Lease.extend`` there is no local validity to
+        check: the caller knows nothing of the round that won the lock.
+        """
+        return self._drive(self._rules.extend_value_steps(key, value, ttl))
+
+    def holder(self, key: str) -> HolderInfo:
+        """Who holds ``key``, per node (for logs and the CLI). One read round."""
+        return self._drive(self._rules.holder_steps(key))
+
+    def locked(self, key: str) -> bool:
+        """True when a quorum of nodes holds ``key`` under one value (someone holds
+        the lock); False when too many nodes answered otherwise for that to be so.
+        One read round; ``QuorumUnavailable`` when too few nodes answered to tell."""
+        return self._drive(self._rules.locked_steps(key))
+
+    def force_release(self, key: str) -> int:
+        """Delete ``key`` on every node whoever holds it; how many nodes deleted it.
+
+        For operators (a stuck lock): it ends mutual exclusion for a holder that may
+        still be working. Its fence counter is kept -- fences never go backwards --
+        and tombstones expire by themselves. ``QuorumUnavailable`` when fewer than a
+        quorum answered (the lock may still be held).
+        """
+        return self._drive(self._rules.force_release_steps(key))
+
+    def clear(self, match: str = "*") -> int:
+        """Force-release every lock key matching the glob ``match`` on every node
+        (SCAN per node); how many distinct keys were deleted. Fence counters and
+        tombstones are skipped (see ``force_release``); every other matching key
+        goes, so on nodes shared with other data pass the locks' prefix (the
+        Celery integration's keys start with ``redlock_key_prefix``).
+        ``QuorumUnavailable`` when fewer than a quorum of nodes could be cleared."""
+        match = clear_match(match)
+        self._rules.held.forget_keys(match=match)
+        return clear_matching(self._nodes.nodes, match, self._rules.quorum)
+
+    def hand_over(self, lease: LeaseState) -> None:
+        """``lease``'s value goes to another execution (in a message header, to
+        another process, or left to expire): this one no longer holds it, so taking
+        the key again contends as usual instead of raising ``AlreadyHeld``."""
+        self._rules.held.forget(lease)
 
     # -- what a Lease asks of the lock (lease.LeaseOwner) ---------------------------
 
     def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
-        """One extension round (see ``LockRules._extend_steps``)."""
-        return self._drive(self._extend_steps(lease, ttl))
+        """One extension round (see ``LockRules.extend_steps``)."""
+        return self._drive(self._rules.extend_steps(lease, ttl))
 
     def _extend_leases(self, leases: Sequence[Lease]) -> list[Extension]:
         """Extend each of ``leases`` (granted by this lock) by its own ttl, all in
         one round; one outcome per lease, as ``_extend_lease`` would give it. The
         watchdog's batched renewal (renewals.py)."""
+        rules = self._rules
         return extend_batch(
-            self._nodes, leases, quorum=self.quorum, node_timeout=self.node_timeout,
-            margin=self._margin, clock=self._clock,
+            self._nodes, leases, quorum=rules.quorum, node_timeout=rules.settings.node_timeout,
+            margin=rules.settings.margin, clock=rules.clock,
         )  # fmt: skip
 
     def _release_lease(self, lease: Lease) -> bool:
-        return self._drive(self._release_lease_steps(lease))
+        return self._drive(self._rules.release_lease_steps(lease))
 
-    def _release(self, keys: Keys, value: str, ttl: float) -> bool:
-        return self._drive(self._release_steps(keys, value, ttl))
-
-    def holder(self, key: str) -> HolderInfo:
-        """Who holds ``key``, per node (for logs and the CLI). One read round."""
-        return self._drive(self._holder_steps(key))
+    def _owned_lease(self, lease: Lease) -> bool:
+        return self._drive(self._rules.owned_steps(lease))

@@ -19,10 +19,11 @@ block's lease, and gives up after the outer lease's TTL -- or, with a long
 timeout, the outer block's watchdog keeps renewing it and the helper never wins.
 
 The command builders (commands.py) and the REENTER reply's judging are shared by
-every driver; the re-acquiring round itself is ``LockRules._reenter_steps``
-(rules.py). A driver says what its execution is: ``HeldLeases(identify=...)`` (the
-asyncio driver: the current asyncio Task). Imports commands.py and lease.py; must
-not import rules.py, node_set.py, redlock.py or Celery.
+every driver; the re-acquiring round itself is ``LockRules.reenter_steps``
+(rules.py), and the record each lock's rules keep (``LockRules.held``). A driver
+says what its execution is: ``HeldLeases(identify=...)`` (the asyncio driver: the
+current asyncio Task). Imports commands.py and lease.py; must not import rules.py,
+node_set.py, redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ from fnmatch import fnmatchcase
 from typing import Callable, Optional
 
 from .commands import Keys
-from .lease import Lease
+from .lease import LeaseState
 
 __all__ = [
     "HeldLeases",
-    "Reentry",
     "current_execution",
     "execution",
     "is_reentered",
@@ -94,12 +94,12 @@ class HeldLeases:
     def __init__(self, identify: Callable[[], str] = current_execution) -> None:
         #: Who is acquiring now (default: the task run, else the thread).
         self.execution = identify
-        self._held: dict[tuple[str, str], list[Lease]] = {}
+        self._held: dict[tuple[str, str], list[LeaseState]] = {}
         self._lock = threading.Lock()
         self._sweep_at = SWEEP_AT
         _ALL.add(self)
 
-    def live(self, keys: Keys) -> Optional[Lease]:
+    def live(self, keys: Keys) -> Optional[LeaseState]:
         """A lease this execution won on one of ``keys`` that is still held, if any
         (a lease on several keys is found under each of them)."""
         execution = self.execution()
@@ -113,7 +113,7 @@ class HeldLeases:
                 self._held.pop(place, None)
             return None
 
-    def add(self, lease: Lease) -> None:
+    def add(self, lease: LeaseState) -> None:
         lease.execution = self.execution()
         with self._lock:
             for key in lease.keys:
@@ -126,7 +126,7 @@ class HeldLeases:
                         del self._held[place]
                 self._sweep_at = max(SWEEP_AT, 2 * len(self._held))
 
-    def forget(self, lease: Lease) -> None:
+    def forget(self, lease: LeaseState) -> None:
         with self._lock:
             self._drop({id(lease)}, [(lease.execution or "", key) for key in lease.keys])
 
@@ -166,19 +166,3 @@ def _forget_all_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_all_in_child)
-
-
-class Reentry:
-    """What a lock does with its record of held leases (``LockRules`` inherits it)."""
-
-    _held: HeldLeases
-
-    def _forget_held(self, key: Optional[str] = None, match: Optional[str] = None) -> None:
-        """Deleted by an operator: no execution holds these keys any more."""
-        self._held.forget_keys(key, match)
-
-    def hand_over(self, lease: Lease) -> None:
-        """``lease``'s value goes to another execution (in a message header, to
-        another process, or left to expire): this one no longer holds it, so taking
-        the key again contends as usual instead of raising ``AlreadyHeld``."""
-        self._held.forget(lease)

@@ -1,15 +1,18 @@
 """The Redlock rules both drivers share: what each operation sends, what replies mean.
 
-The synchronous lock (redlock.py, queries.py) and the asyncio one (asyncio/) differ
-only in how a round's I/O is done. Everything decided from a round's replies lives
-here once, in ``LockRules``, the base both lock classes share: the settings and
-their checks, the steps of every operation (acquire, re-acquire, fence, extend,
-release, queries), and who holds a key. The pure pieces they use have their own
-rooms: quorum.py (arithmetic, reply predicates, argument checks, the step types),
-commands.py (what each operation sends, for one key or a set of keys), acquire_replies.py
-(granted, or why not: ``Attempt``, ``why_not``), extend_replies.py (what an extension
-asks for and what its replies mean), reentry.py (which execution holds which key,
-how a REENTER reply reads).
+The synchronous lock (redlock.py) and the asyncio one (asyncio/) differ only in how
+a round's I/O is done. Everything decided from a round's replies lives here once, in
+``LockRules``: an object each lock *has* (``redlock._rules``), holding the lock's
+``Settings`` (settings.py), its node addresses and their count (so the quorum), the
+record of the leases each execution holds (``HeldLeases``, reentry.py) and the
+lock's clock, and writing the steps of every operation (acquire, re-acquire, fence,
+extend, release, holder, locked, force_release, owned, extend_value) as generator
+methods. The pure pieces they use have their own rooms: quorum.py (arithmetic,
+reply predicates, argument checks), steps.py (the step types), commands.py (what
+each operation sends, for one key or a set of keys), acquire_replies.py (granted,
+or why not: ``Attempt``, ``why_not``), extend_replies.py (what an extension asks for
+and what its replies mean), reentry.py (which execution holds which key, how a
+REENTER reply reads).
 
 How an operation is written: *steps*, a generator that yields what it needs done
 and returns the operation's value. It yields
@@ -17,28 +20,29 @@ and returns the operation's value. It yields
 - ``Ask``: one round -- the command to every node, its deadline, when it is decided
   (``is_yes``, ``enough_yes``/``enough_no``), and an ``undo`` sent without waiting
   if the round is abandoned (a cancelled asyncio acquire); it is sent the round's
-  per-node results, in node order (a reply, or a redis-py error);
+  per-node results, in node order (a reply, a redis-py error, or ``NOT_AWAITED``);
 - ``Pause``: a wait between acquire attempts, which a driver that hears releases
   (redlock.py through wake.py) ends at the key's release; sent ``[]``;
 - ``Settle``: wait until no extension round of a lease is in flight; sent ``[]``.
 
-A driver runs the steps with its own I/O: ``quorum.drive`` for a blocking round
-function (queries.py's ``LockQueries._drive``), an ``await`` per round in
-asyncio/redlock.py's ``AsyncRedlock._drive``::
+A driver runs the steps with its own I/O: ``steps.drive`` over ``NodeSet.round``
+(``Redlock._drive``), an ``await`` per round in asyncio/redlock.py's
+``AsyncRedlock._drive``::
 
-    results = yield Ask(command, self.node_timeout)   # sync: NodeSet.round(...)
+    results = yield Ask(command, settings.node_timeout)   # sync: NodeSet.round(...)
 
 Steps compose with ``yield from`` (an acquire is attempts, an attempt may be
 followed by its fence round, a re-acquire is a ``Settle`` then a round), so both
-drivers run every operation unchanged. To extend: what a round *sends* is a
+drivers run every operation unchanged, and tests drive them with scripted replies
+and a fake clock (tests/lock/test_steps.py). To extend: what a round *sends* is a
 builder in commands.py (one key or a set of keys: ``acquire(["a", "b"])`` passes
 ``Keys`` through the same steps, and the multi-key scripts reply in the single-key
 shapes, so the judging here is shared); what a new operation *decides* is one more
 generator here; a new kind of round (e.g. several commands per node) is a new
-field of ``Ask`` or a new step type in quorum.py and one branch in each driver's
-``_drive`` (quorum.drive, ``AsyncRedlock._drive``). No sockets: reads the lock's
-clock (injectable) only. Must not import node_set.py, redlock.py, queries.py, asyncio
-or Celery.
+field of ``Ask`` or a new step type in steps.py and one branch in each driver's
+``_drive`` (``steps.drive``, ``AsyncRedlock._drive``). No sockets: reads the
+clocks it was given only. Must not import node_set.py, redlock.py, queries.py,
+asyncio or Celery.
 """
 
 from __future__ import annotations
@@ -49,9 +53,9 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Callable, Optional, Protocol, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
-from ..errors import AlreadyHeld, ConfigurationError, QuorumUnavailable
+from ..errors import AlreadyHeld, QuorumUnavailable
 from ..wire.resp import Command
 from ..wire.round import NOT_AWAITED
 from . import scripts, validate
@@ -69,86 +73,53 @@ from .commands import (
     release_command,
 )
 from .extend_replies import extension_outcome, extension_ttl
-from .lease import Duration, Extension, Lease
-from .quorum import CLOCK_PRECISION, is_answer, is_one, lease_value, quorum, token_argument
-from .reentry import Reentry, is_reentered
+from .lease import Duration, Extension, LeaseState
+from .quorum import is_answer, is_one, lease_value, quorum
+from .reentry import HeldLeases, is_reentered
+from .settings import Settings
 from .steps import Ask, Pause, Settle, Steps
-from .stored import INTERNAL, HolderInfo, NodeHolding, default_holder, read_holding
+from .stored import INTERNAL, HolderInfo, NodeHolding, read_holding
 
-__all__ = ["LockRules"]
+__all__ = ["LockRules", "wall_clock_us"]
 
-T = TypeVar("T")
-
-
-class _Addressed(Protocol):
-    @property
-    def address(self) -> str: ...
+#: The kind of lease an acquire makes (``Lease``, ``AsyncLease``).
+L = TypeVar("L", bound=LeaseState)
 
 
-class _Nodes(Protocol):
-    @property
-    def nodes(self) -> Sequence[_Addressed]: ...
+def wall_clock_us() -> int:
+    """Wall-clock microseconds: a fence's lower bound (see ``LockRules.fence_steps``)."""
+    return time.time_ns() // 1000
 
 
-class LockRules(Reentry):
-    """What ``Redlock`` and ``AsyncRedlock`` share: settings, checks, the steps of
-    every operation, and how a round's replies read."""
+class LockRules:
+    """The steps of every operation of one lock, and what they read: the lock's
+    settings, node addresses, held leases and clocks (shared by ``Redlock`` and
+    ``AsyncRedlock``, each of which has one and drives its steps)."""
 
-    ttl: float
-    node_timeout: float
-    drift_factor: float
-    retry_count: int
-    retry_delay: float
-    fencing: bool
-    max_hold: Optional[float]
-    quorum: int
-    _enough_no: int
-    _clock: Callable[[], float]
-    _wall_us: Callable[[], int]
-    _nodes: _Nodes
+    __slots__ = ("addresses", "clock", "enough_no", "held", "quorum", "settings", "wall_us")
 
-    def _configure(
+    def __init__(
         self,
-        nodes: Sequence[object],
-        ttl: Duration,
-        node_timeout: Duration,
-        drift_factor: float,
-        retry_count: int,
-        retry_delay: Duration,
-        fencing: bool,
-        max_hold: Optional[Duration],
+        settings: Settings,
+        addresses: Sequence[str],
+        held: HeldLeases,
+        clock: Callable[[], float],
+        wall_us: Callable[[], int] = wall_clock_us,
     ) -> None:
-        """Check and keep the constructor's settings (the nodes are the driver's)."""
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-            raise ConfigurationError(
-                "nodes must be a list of Redis URLs or redis.Redis clients "
-                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
-            )
-        if not nodes:
-            raise ConfigurationError("nodes must list at least one Redis master, got none")
-        self.ttl = validate.seconds("ttl", ttl)
-        self.node_timeout = validate.seconds("node_timeout", node_timeout)
-        if self.node_timeout >= self.ttl:
-            raise ConfigurationError(
-                f"node_timeout ({self.node_timeout}s) must be smaller than ttl ({self.ttl}s); "
-                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
-            )
-        self.drift_factor = validate.fraction("drift_factor", drift_factor)
-        self.retry_count = validate.count("retry_count", retry_count)
-        self.retry_delay = validate.seconds("retry_delay", retry_delay, minimum=">= 0")
-        self.fencing = bool(fencing)
-        self.max_hold = None if max_hold is None else validate.seconds("max_hold", max_hold)
-        self._wall_us = lambda: time.time_ns() // 1000
+        self.settings = settings
+        #: The nodes' addresses, in node order: a round's results come in this order.
+        self.addresses = tuple(addresses)
+        self.quorum = quorum(len(self.addresses))
+        #: Noes that rule a quorum out: a round can stop there.
+        self.enough_no = len(self.addresses) - self.quorum + 1
+        #: Which leases each execution won through this lock (reentry.py).
+        self.held = held
+        #: The lock's monotonic clock: validity counts on it.
+        self.clock = clock
+        #: Wall-clock microseconds, a fence's lower bound.
+        self.wall_us = wall_us
 
-    def _count_nodes(self, count: int) -> None:
-        self.quorum = quorum(count)
-        # Noes that rule a quorum out: a round can stop there.
-        self._enough_no = count - self.quorum + 1
-
-    def _margin(self, ttl: float) -> float:
-        return ttl * self.drift_factor + CLOCK_PRECISION
-
-    def _quorum_ask(
+    def quorum_ask(
         self,
         command: Command,
         is_yes: Callable[[object], bool],
@@ -156,50 +127,14 @@ class LockRules(Reentry):
         undo: Optional[Callable[[], Command]] = None,
     ) -> Ask:
         """A round that stops as soon as a quorum said yes, or can no longer."""
-        return Ask(command, timeout, is_yes, self.quorum, self._enough_no, undo=undo)
+        return Ask(command, timeout, is_yes, self.quorum, self.enough_no, undo=undo)
 
     # -- acquire ------------------------------------------------------------------
 
-    def _acquire_arguments(
-        self,
-        key: Union[str, Sequence[str]],
-        ttl: Optional[Duration],
-        blocking: bool,
-        timeout: Optional[Duration],
-        holder: Optional[str],
-        token: Optional[str],
-        reentrant: bool,
-    ) -> tuple[Keys, float, Optional[float], Optional[str], str]:
-        """acquire's arguments, checked: keys, lease ttl, timeout, token, holder."""
-        keys = lock_keys(key)
-        if validate.flag("reentrant", reentrant) and len(keys) > 1:
-            raise ConfigurationError(
-                f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
-                "several keys is not re-entered (take the set once)"
-            )
-        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        if lease_ttl <= self.node_timeout:
-            raise ConfigurationError(
-                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
-            )
-        limit = validate.wait_limit("timeout", timeout)
-        if not blocking and timeout is not None:
-            raise ConfigurationError(
-                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
-                "attempt): drop timeout or set blocking=True"
-            )
-        if token is not None:
-            token = token_argument(token)
-        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
-            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
-        if holder is not None:
-            validate.utf8_text("holder", holder)
-        return keys, lease_ttl, limit, token, holder or default_holder()
-
-    def _acquire_steps(
+    def acquire_steps(
         self,
         owner: object,
-        lease_class: Callable[..., Lease],
+        lease_class: Callable[..., L],
         key: Union[str, Sequence[str]],
         ttl: Optional[Duration],
         blocking: bool,
@@ -207,7 +142,7 @@ class LockRules(Reentry):
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool = False,
-    ) -> Steps[Attempt]:
+    ) -> Steps[Attempt[L]]:
         """Attempts until won, or until ``blocking`` / ``timeout`` say to give up
         (``timeout=None`` or ``inf``: until won; ``retry_count`` then bounds only
         the attempts in a row that reached too few nodes, an outage). Between them
@@ -217,82 +152,86 @@ class LockRules(Reentry):
         ``lease_class(owner, ...)``.
 
         ``key``: one key, or a list of keys taken together (commands.py). A key this
-        execution holds already (``_held``): ``AlreadyHeld`` at once, or with
-        ``reentrant`` one more hold of its lease (``_reenter_steps``)."""
-        keys, lease_ttl, limit, token, who = self._acquire_arguments(
+        execution holds already (``held``): ``AlreadyHeld`` at once, or with
+        ``reentrant`` one more hold of its lease (``reenter_steps``)."""
+        keys, lease_ttl, limit, token, who = self.settings.acquire_arguments(
             key, ttl, blocking, timeout, holder, token, reentrant
         )
-        held = self._held.live(keys)
+        held = self.held.live(keys)
         if held is not None:
             if not reentrant or held.keys != keys:
                 mine = next(k for k in keys if k in held.keys)
-                raise AlreadyHeld(mine, self._held.execution())
-            attempt = yield from self._reenter_steps(owner, lease_class, held, lease_ttl)
+                raise AlreadyHeld(mine, self.held.execution())
+            attempt = yield from self.reenter_steps(owner, lease_class, held, lease_ttl)
             if attempt.lease is not None:
-                self._held.add(attempt.lease)
+                self.held.add(attempt.lease)
             return attempt
-        give_up = None if limit is None else self._clock() + limit
+        give_up = None if limit is None else self.clock() + limit
         outages = 0
         while True:
-            attempt = yield from self._attempt(owner, lease_class, keys, lease_ttl, who, token)
+            attempt = yield from self.attempt_steps(owner, lease_class, keys, lease_ttl, who, token)
             if attempt.lease is not None:
-                self._held.add(attempt.lease)
+                self.held.add(attempt.lease)
                 return attempt
             if not blocking:
                 return attempt
             outages = outages + 1 if attempt.unavailable is not None else 0
-            if give_up is None and outages > self.retry_count:
+            if give_up is None and outages > self.settings.retry_count:
                 return attempt  # an outage, not contention: QuorumUnavailable
-            pause = self._pause(keys, attempt.holder_ttl, give_up)
+            pause = self.pause(keys, attempt.holder_ttl, give_up)
             if pause is None:
                 return attempt
             yield pause
 
-    def _pause(
+    def pause(
         self, keys: Keys, holder_ttl: Optional[float], give_up: Optional[float]
     ) -> Optional[Pause]:
         """The wait after a refused attempt, or None when the timeout has run out."""
-        poll = random.uniform(0.5, 1.5) * self.retry_delay
+        poll = random.uniform(0.5, 1.5) * self.settings.retry_delay
         longest = poll
         if holder_ttl is not None:
             # The holder's lock frees by then: come back just after it does.
             longest = holder_ttl + random.uniform(0.001, 0.005)
             poll = min(poll, longest)
         if give_up is not None:
-            left = give_up - self._clock()
+            left = give_up - self.clock()
             if left <= 0:
                 return None
             poll, longest = min(poll, left), min(longest, left)
         return Pause(poll, tuple(keys), longest)
 
-    def _attempt(
-        self, owner: object, lease_class: Callable[..., Lease], keys: Keys, ttl: float,
+    def attempt_steps(
+        self, owner: object, lease_class: Callable[..., L], keys: Keys, ttl: float,
         holder: str, chosen: Optional[str],
-    ) -> Steps[Attempt]:  # fmt: skip
+    ) -> Steps[Attempt[L]]:  # fmt: skip
+        """One acquire round (and a fenced lock's fence round): the lease, or why not;
+        a lost round is undone on every node."""
+        settings = self.settings
         token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
-        command = acquire_command(keys, value, ttl, self.fencing)
+        command = acquire_command(keys, value, ttl, settings.fencing)
         # Built only when needed (a lost or cancelled round): not on the hot path.
         undo = functools.partial(release_command, keys, value, ttl)
-        started = self._clock()
-        results = yield self._quorum_ask(command, is_granted, self.node_timeout, undo=undo)
+        clock = self.clock
+        started = clock()
+        results = yield self.quorum_ask(command, is_granted, settings.node_timeout, undo=undo)
         granted = [r for r in results if is_granted(r)]
-        deadline = started + ttl - self._margin(ttl)
-        if len(granted) >= self.quorum and self._clock() < deadline:
+        deadline = started + ttl - settings.margin(ttl)
+        if len(granted) >= self.quorum and clock() < deadline:
             fence = None
-            if self.fencing:
-                fence = yield from self._fence(keys, value, granted, deadline, undo)
-            if fence is not None or not self.fencing:
+            if settings.fencing:
+                fence = yield from self.fence_steps(keys, value, granted, deadline, undo)
+            if fence is not None or not settings.fencing:
                 lease = lease_class(
-                    owner, self._clock, lease_name(keys), token, holder, ttl, started, deadline,
-                    fence, self.max_hold, keys=keys,
+                    owner, clock, lease_name(keys), token, holder, ttl, started, deadline,
+                    fence, settings.max_hold, keys=keys,
                 )  # fmt: skip
                 return Attempt(lease)
         # Lost: undo on every node, without waiting for anyone.
         yield Ask(undo(), 0.0, wait=False, deliver=True)
-        return self._why_not(keys, results)
+        return self.why_not(keys, results)
 
-    def _fence(
+    def fence_steps(
         self,
         keys: Keys,
         value: str,
@@ -316,130 +255,133 @@ class LockRules(Reentry):
         of their counters: T then orders the holders of each key.
         """
         counters = [int(r[1]) for r in granted if isinstance(r, list)]
-        fence = max(max(counters, default=0) + 1, self._wall_us())
-        left = deadline - self._clock()
+        fence = max(max(counters, default=0) + 1, self.wall_us())
+        left = deadline - self.clock()
         if left <= 0:
             return None
         command = fence_command(keys, value, fence)
-        results = yield self._quorum_ask(command, is_one, min(self.node_timeout, left), undo)
+        results = yield self.quorum_ask(
+            command, is_one, min(self.settings.node_timeout, left), undo
+        )
         recorded = sum(1 for r in results if r == 1)
-        if recorded >= self.quorum and self._clock() < deadline:
+        if recorded >= self.quorum and self.clock() < deadline:
             return fence
         return None
 
-    def _why_not(self, keys: Keys, results: list[object]) -> Attempt:
+    def why_not(self, keys: Keys, results: list[object]) -> Attempt[Any]:
         """Contention or an outage? (acquire_replies.py)"""
-        addresses = [n.address for n in self._nodes.nodes]
-        return why_not(lease_name(keys), results, addresses, self.quorum)
+        return why_not(lease_name(keys), results, self.addresses, self.quorum)
 
-    def _reenter_steps(
-        self, owner: object, lease_class: Callable[..., Lease], held: Lease, ttl: float
-    ) -> Steps[Attempt]:
+    def reenter_steps(
+        self, owner: object, lease_class: Callable[..., L], held: LeaseState, ttl: float
+    ) -> Steps[Attempt[L]]:
         """One more hold of ``held``'s value (reentry.py): a new lease with ``held``'s
         token and fence, its validity never beyond ``held``'s (which the other holds
         keep up); or why not. One round, no retries."""
         yield Settle(held)  # no extension of the plain kind may land after REENTER
         held.count_holds()  # from now on its extends and release count holds too
         hold = secrets.token_urlsafe(9)
-        started = self._clock()
+        started = self.clock()
         command = reenter_command(held.key, held.value, hold, ttl)
         undo = functools.partial(release_command, held.key, held.value, ttl, hold)
-        results = yield self._quorum_ask(command, is_reentered, self.node_timeout, undo=undo)
-        deadline = min(started + ttl - self._margin(ttl), held.deadline)
-        if sum(1 for r in results if is_reentered(r)) >= self.quorum and self._clock() < deadline:
+        results = yield self.quorum_ask(
+            command, is_reentered, self.settings.node_timeout, undo=undo
+        )
+        deadline = min(started + ttl - self.settings.margin(ttl), held.deadline)
+        if sum(1 for r in results if is_reentered(r)) >= self.quorum and self.clock() < deadline:
             lease = lease_class(
-                owner, self._clock, held.key, held.token, held.holder, ttl, started, deadline,
-                held.fence, self.max_hold,
+                owner, self.clock, held.key, held.token, held.holder, ttl, started, deadline,
+                held.fence, self.settings.max_hold,
             )  # fmt: skip
             lease.hold = hold
             return Attempt(lease)
         yield Ask(undo(), 0.0, wait=False, deliver=True)
-        return self._why_not(held.keys, results)
+        return self.why_not(held.keys, results)
 
     # -- extend, release, queries -----------------------------------------------------
 
-    def _extend_steps(self, lease: Lease, ttl: float) -> Steps[Extension]:
+    def extend_steps(self, lease: LeaseState, ttl: float) -> Steps[Extension]:
         """Push ``lease``'s expiry to ``ttl`` seconds from now on every node (one
         round; its holds too, once re-entered). What the round asks for and what its
         replies mean: extend_replies.py (shared with the watchdog's batched renewal)."""
-        started = self._clock()
+        started = self.clock()
         deadline = lease.deadline
-        asked = extension_ttl(lease, ttl, started, self._margin)
+        asked = extension_ttl(lease, ttl, started, self.settings.margin)
         if isinstance(asked, Extension):
             return asked
         command = extend_command(lease.keys, lease.value, asked, lease.hold)
-        timeout = min(self.node_timeout, deadline - started)
-        results = yield self._quorum_ask(command, is_one, timeout)
+        timeout = min(self.settings.node_timeout, deadline - started)
+        results = yield self.quorum_ask(command, is_one, timeout)
         return extension_outcome(
-            results, self.quorum, asked, started, self._clock(), deadline,
-            self._margin(asked), self.node_timeout,
+            results, self.quorum, asked, started, self.clock(), deadline,
+            self.settings.margin(asked), self.settings.node_timeout,
         )  # fmt: skip
 
-    def _release_lease_steps(self, lease: Lease) -> Steps[bool]:
+    def release_lease_steps(self, lease: LeaseState) -> Steps[bool]:
         """Release ``lease`` (one hold of it, once re-entered); this execution no
         longer holds it."""
-        self._held.forget(lease)
-        return (yield from self._release_steps(lease.keys, lease.value, lease.ttl, lease.hold))
+        self.held.forget(lease)
+        return (yield from self.release_steps(lease.keys, lease.value, lease.ttl, lease.hold))
 
-    def _release_steps(
+    def release_steps(
         self, keys: Keys, value: str, ttl: float, hold: Optional[str] = None
     ) -> Steps[bool]:
         # Stops at a quorum of deletions; otherwise hears every node (or times out),
         # to tell "not ours any more" from "too few answered".
         results = yield Ask(
             release_command(keys, value, ttl, hold),
-            self.node_timeout,
+            self.settings.node_timeout,
             is_yes=is_one,
             enough_yes=self.quorum,
             deliver=True,  # every node, also those the round stops waiting for
         )
-        return self._agreed(lease_name(keys), results, is_one)
+        return self.agreed(lease_name(keys), results, is_one)
 
-    def _holder_steps(self, key: str) -> Steps[HolderInfo]:
+    def holder_steps(self, key: str) -> Steps[HolderInfo]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
-        results = yield Ask(Command(scripts.HOLDER, [key], []), self.node_timeout)
+        results = yield Ask(Command(scripts.HOLDER, [key], []), self.settings.node_timeout)
         holdings = []
-        for node, reply in zip(self._nodes.nodes, results):
+        for address, reply in zip(self.addresses, results):
             if isinstance(reply, BaseException):
-                holdings.append(NodeHolding(node.address, error=reply))
+                holdings.append(NodeHolding(address, error=reply))
                 continue
             value, pttl = reply if isinstance(reply, list) else (None, -2)
-            holdings.append(read_holding(node.address, value, pttl))
+            holdings.append(read_holding(address, value, pttl))
         return HolderInfo(key, tuple(holdings), self.quorum)
 
-    def _extend_value_steps(
+    def extend_value_steps(
         self, key: Union[str, Sequence[str]], value: str, ttl: Optional[Duration]
     ) -> Steps[bool]:
         keys = lock_keys(key)
         value = lease_value(value)
-        new_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
+        new_ttl = self.settings.ttl if ttl is None else validate.seconds("ttl", ttl)
         command = extend_command(keys, value, new_ttl)
-        results = yield Ask(command, self.node_timeout, is_one, self.quorum)
-        return self._agreed(lease_name(keys), results, is_one)
+        results = yield Ask(command, self.settings.node_timeout, is_one, self.quorum)
+        return self.agreed(lease_name(keys), results, is_one)
 
-    def _locked_steps(self, key: str) -> Steps[bool]:
+    def locked_steps(self, key: str) -> Steps[bool]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
-        results = yield Ask(Command(scripts.HOLDER, [key], []), self.node_timeout)
+        results = yield Ask(Command(scripts.HOLDER, [key], []), self.settings.node_timeout)
         held = Counter(r[0] for r in results if isinstance(r, list) and r and r[0])
         top = held.most_common(1)[0][0] if held else None
-        return self._agreed(
+        return self.agreed(
             key, results, lambda r: top is not None and isinstance(r, list) and r[0] == top
         )
 
-    def _force_release_steps(self, key: str) -> Steps[int]:
+    def force_release_steps(self, key: str) -> Steps[int]:
         key = validate.lock_key_name(key, reserved=INTERNAL)
-        self._forget_held(key=key)
+        self.held.forget_keys(key=key)
         command = Command(scripts.FORCE_RELEASE, [key], [])
-        results = yield Ask(command, self.node_timeout, deliver=True)
-        self._answered_by_quorum(key, results)
+        results = yield Ask(command, self.settings.node_timeout, deliver=True)
+        self.answered_by_quorum(key, results)
         return sum(1 for r in results if r == 1)
 
-    def _owned_steps(self, lease: Lease) -> Steps[bool]:
+    def owned_steps(self, lease: LeaseState) -> Steps[bool]:
         command = owned_command(lease.keys, lease.value)
-        results = yield Ask(command, self.node_timeout)
-        return self._agreed(lease.key, results, owned_judge(lease.keys, lease.value))
+        results = yield Ask(command, self.settings.node_timeout)
+        return self.agreed(lease.key, results, owned_judge(lease.keys, lease.value))
 
-    def _agreed(self, key: str, results: list[object], is_yes: Callable[[object], bool]) -> bool:
+    def agreed(self, key: str, results: list[object], is_yes: Callable[[object], bool]) -> bool:
         """True when a quorum of ``results`` is yes; False when enough nodes answered
         no that a quorum of yes is impossible; otherwise the failures left it open:
         ``QuorumUnavailable``."""
@@ -449,16 +391,16 @@ class LockRules(Reentry):
         no = sum(1 for r in results if is_answer(r) and r is not NOT_AWAITED and not is_yes(r))
         if no > len(results) - self.quorum:
             return False
-        raise self._unavailable(key, results)
+        raise self.unavailable(key, results)
 
-    def _answered_by_quorum(self, key: str, results: list[object]) -> None:
+    def answered_by_quorum(self, key: str, results: list[object]) -> None:
         if sum(1 for r in results if is_answer(r)) < self.quorum:
-            raise self._unavailable(key, results)
+            raise self.unavailable(key, results)
 
-    def _unavailable(self, key: str, results: list[object]) -> QuorumUnavailable:
+    def unavailable(self, key: str, results: list[object]) -> QuorumUnavailable:
         errors = {
-            node.address: r
-            for node, r in zip(self._nodes.nodes, results)
+            address: r
+            for address, r in zip(self.addresses, results)
             if isinstance(r, BaseException)
         }
         return QuorumUnavailable(key, errors, self.quorum)

@@ -6,15 +6,16 @@ needs done and returns the operation's value. It yields
 - ``Ask``: one round -- the command to every node, its deadline, when it is decided
   (``is_yes``, ``enough_yes``/``enough_no``), and an ``undo`` sent without waiting
   if the round is abandoned (a cancelled asyncio acquire); it is sent the round's
-  per-node results, in node order (a reply, or a redis-py error);
+  per-node results, in node order (a reply, a redis-py error, or ``NOT_AWAITED``);
 - ``Pause``: a wait between acquire attempts, which a driver that hears releases
   (redlock.py through wake.py) ends at the key's release; sent ``[]``;
 - ``Settle``: wait until no extension round of a lease is in flight; sent ``[]``.
 
-A driver runs the steps with its own I/O: ``drive`` here for a blocking round
-function (``Redlock``), an ``await`` per round in asyncio/redlock.py. No sockets and
-no clock: tests drive steps with scripted replies. Must not import the node set,
-redlock.py, asyncio or Celery.
+The steps of every operation are ``LockRules``' methods (rules.py). A driver runs
+them with its own I/O: ``drive`` here for a blocking round function (``Redlock``,
+over ``NodeSet.round``), an ``await`` per round in asyncio/redlock.py. No sockets
+and no clock: tests drive steps with scripted replies (tests/lock/test_steps.py).
+Must not import the node set, redlock.py, asyncio or Celery.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Generator
 from typing import Callable, NamedTuple, Optional, TypeVar, Union
 
 from ..wire.resp import Command
-from .lease import Lease
+from .lease import LeaseState
 
 __all__ = ["Ask", "Pause", "Settle", "Steps", "drive"]
 
@@ -68,7 +69,7 @@ class Settle(NamedTuple):
     synchronous driver has nothing to wait for: ``Lease.count_holds`` takes the
     lease's lock, which an extension round holds."""
 
-    lease: Lease
+    lease: LeaseState
 
 
 #: An operation written once for both drivers: yields rounds (sent their results),

@@ -13,8 +13,8 @@ Internal keys sit behind a NUL, like the fence counter and the tombstones
 ``<key>\\0waiter\\0<id>`` (the message to publish), ``<key>\\0claim\\0<id>`` (the
 copy id that won). Every one of them expires.
 
-Imports node_set.py, resp.py, scripts.py, queries.py and stored.py only: no Celery, no
-redlock.py.
+Imports node_set.py, resp.py, scripts.py, commands.py, quorum.py and stored.py only:
+no Celery, no redlock.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import NamedTuple, Optional
 from ..wire.node_set import NodeSet
 from ..wire.resp import Command
 from . import scripts
-from .queries import is_answer, ms
+from .commands import ms
+from .quorum import is_answer
 from .stored import INTERNAL
 
 __all__ = [

@@ -1,0 +1,135 @@
+"""A lock's settings: the constructor's arguments, checked once and frozen.
+
+``Redlock`` and ``AsyncRedlock`` take the same arguments with the same defaults
+(``DEFAULTS``, the one place they are written) and check them the same way
+(``Settings.checked``); each keeps the result in its rules (rules.py), which read
+it on every operation. Per call, ``acquire``'s own arguments override the defaults
+(``Settings.acquire_arguments``), as node-redlock's frozen settings do.
+
+No I/O. Imports validate.py, quorum.py, commands.py and stored.py; must not import
+rules.py, node_set.py, redlock.py, asyncio or Celery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..errors import ConfigurationError
+from . import validate
+from .commands import Keys, lock_keys
+from .quorum import CLOCK_PRECISION, token_argument
+from .stored import default_holder
+
+__all__ = ["DEFAULTS", "AcquireArguments", "Settings"]
+
+#: acquire's arguments, checked: keys, lease ttl, timeout (None: no limit), the
+#: caller's token (None: a random one), holder.
+AcquireArguments = tuple[Keys, float, Optional[float], Optional[str], str]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a lock was built with, in working units (seconds as float)."""
+
+    #: Default lease length, seconds (default 30).
+    ttl: float = 30.0
+    #: Deadline of one round to all nodes, seconds (default 0.05); below ``ttl``.
+    node_timeout: float = 0.05
+    #: Clock-rate error allowed for, as a fraction of a lease's ttl (default 0.01).
+    drift_factor: float = 0.01
+    #: Attempts in a row that reached too few nodes before a blocking acquire
+    #: without a timeout gives up (default 3).
+    retry_count: int = 3
+    #: Polling delay between attempts, seconds x random 0.5..1.5 (default 0.2).
+    retry_delay: float = 0.2
+    #: Give every lease a fence number (a second round; default off).
+    fencing: bool = False
+    #: Bound on a lease's total hold time through extensions, seconds (default None).
+    max_hold: Optional[float] = None
+
+    @classmethod
+    def checked(
+        cls,
+        nodes: object,
+        ttl: object,
+        node_timeout: object,
+        drift_factor: object,
+        retry_count: object,
+        retry_delay: object,
+        fencing: object,
+        max_hold: object,
+    ) -> Settings:
+        """The constructor's arguments checked (``nodes`` only for being a non-empty
+        list: each node is the node set's to read); ``ConfigurationError`` naming
+        the first one wrong."""
+        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
+            raise ConfigurationError(
+                "nodes must be a list of Redis URLs or redis.Redis clients "
+                f"(one per independent master), got {type(nodes).__name__}: {nodes!r}"
+            )
+        if not nodes:
+            raise ConfigurationError("nodes must list at least one Redis master, got none")
+        lease_ttl = validate.seconds("ttl", ttl)
+        timeout = validate.seconds("node_timeout", node_timeout)
+        if timeout >= lease_ttl:
+            raise ConfigurationError(
+                f"node_timeout ({timeout}s) must be smaller than ttl ({lease_ttl}s); "
+                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
+            )
+        return cls(
+            ttl=lease_ttl,
+            node_timeout=timeout,
+            drift_factor=validate.fraction("drift_factor", drift_factor),
+            retry_count=validate.count("retry_count", retry_count),
+            retry_delay=validate.seconds("retry_delay", retry_delay, minimum=">= 0"),
+            fencing=bool(fencing),
+            max_hold=None if max_hold is None else validate.seconds("max_hold", max_hold),
+        )
+
+    def margin(self, ttl: float) -> float:
+        """The drift allowance taken off a lease of ``ttl`` seconds: the nodes' clocks
+        may run at another rate (``drift_factor``), and Redis expires a key up to
+        1 ms early (``CLOCK_PRECISION``)."""
+        return ttl * self.drift_factor + CLOCK_PRECISION
+
+    def acquire_arguments(
+        self,
+        key: Union[str, Sequence[str]],
+        ttl: object,
+        blocking: bool,
+        timeout: object,
+        holder: Optional[str],
+        token: Optional[str],
+        reentrant: bool,
+    ) -> AcquireArguments:
+        """acquire's arguments, checked against these defaults."""
+        keys = lock_keys(key)
+        if validate.flag("reentrant", reentrant) and len(keys) > 1:
+            raise ConfigurationError(
+                f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
+                "several keys is not re-entered (take the set once)"
+            )
+        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
+        if lease_ttl <= self.node_timeout:
+            raise ConfigurationError(
+                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
+            )
+        limit = validate.wait_limit("timeout", timeout)
+        if not blocking and timeout is not None:
+            raise ConfigurationError(
+                f"timeout={timeout!r} needs blocking=True (blocking=False makes one "
+                "attempt): drop timeout or set blocking=True"
+            )
+        if token is not None:
+            token = token_argument(token)
+        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
+            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
+        if holder is not None:
+            validate.utf8_text("holder", holder)
+        return keys, lease_ttl, limit, token, holder or default_holder()
+
+
+#: The defaults of ``Redlock`` and ``AsyncRedlock``'s arguments.
+DEFAULTS = Settings()
