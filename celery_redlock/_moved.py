@@ -21,7 +21,7 @@ __all__ = ["MOVED"]
 
 #: Old module (under ``celery_redlock.``) -> where it lives now.
 MOVED = {
-    "admin": "lock.queries",
+    "admin": "lock.clear",
     "background": "wire.background",
     "call_options": "tasks.call_options",
     "canonical": "tasks.canonical",

@@ -42,13 +42,13 @@ from typing import Any, Callable, NoReturn, Optional, Sequence, TypeVar, Union
 
 from ..errors import QuorumUnavailable, RedlockError
 from ..lock.acquire_replies import Attempt
+from ..lock.clear import clear_matching
 from ..lock.commands import lock_keys
 from ..lock.lease import Duration, Extension, LeaseState
-from ..lock.queries import clear_matching
 from ..lock.quorum import clear_match, judge_exit, lease_value
 from ..lock.reentry import HeldLeases
 from ..lock.rules import LockRules
-from ..lock.settings import DEFAULTS, Settings
+from ..lock.settings import DEFAULTS, Settings, ShowsSettings
 from ..lock.steps import Ask, Pause, Settle, Steps
 from ..lock.stored import HolderInfo
 from ..lock.validate import seconds
@@ -146,16 +146,18 @@ class AsyncLease(LeaseState):
         await asyncio.shield(self.release())
 
 
-class AsyncRedlock:
+class AsyncRedlock(ShowsSettings):
     """The Redlock over N independent Redis masters, for asyncio.
 
     Arguments as ``Redlock``'s (same defaults, same checks, same errors); ``sleep``
     is a coroutine function (default ``asyncio.sleep``; an injected one turns
     hearing releases off: a blocked acquire then polls through it). One connection
     per node per event loop, opened on first use, and pub/sub connections for
-    blocked acquires (``close`` closes them all). Its settings are read-only, as
+    blocked acquires (``close`` closes them all). Its settings are attributes, as
     ``Redlock``'s.
     """
+
+    _rules: LockRules
 
     def __init__(
         self,
@@ -187,41 +189,6 @@ class AsyncRedlock:
 
     def __repr__(self) -> str:
         return f"<AsyncRedlock [{', '.join(self.nodes)}] ttl={self.ttl}s>"
-
-    # -- the settings (lock/settings.py), read-only ---------------------------------
-
-    @property
-    def ttl(self) -> float:
-        return self._rules.settings.ttl
-
-    @property
-    def node_timeout(self) -> float:
-        return self._rules.settings.node_timeout
-
-    @property
-    def drift_factor(self) -> float:
-        return self._rules.settings.drift_factor
-
-    @property
-    def retry_count(self) -> int:
-        return self._rules.settings.retry_count
-
-    @property
-    def retry_delay(self) -> float:
-        return self._rules.settings.retry_delay
-
-    @property
-    def fencing(self) -> bool:
-        return self._rules.settings.fencing
-
-    @property
-    def max_hold(self) -> Optional[float]:
-        return self._rules.settings.max_hold
-
-    @property
-    def quorum(self) -> int:
-        """How many nodes make a majority."""
-        return self._rules.quorum
 
     @property
     def nodes(self) -> list[str]:

@@ -1,9 +1,10 @@
 """The Redlock algorithm, without Celery.
 
-- ``redlock``: ``Redlock``, which *has* (no base classes) its ``LockRules``, its node
-  set and its wake-ups, and drives the rules' steps; ``lease``: ``LeaseState`` (a
-  lease without I/O) and the ``Lease`` a blocking caller holds; ``queries``:
-  ``clear``'s SCAN over every node.
+- ``redlock``: ``Redlock``, which *has* its ``LockRules``, its node set and its
+  wake-ups, and drives the rules' steps (its one base, ``settings.ShowsSettings``,
+  only shows the settings as attributes); ``lease``: ``LeaseState`` (a lease without
+  I/O) and the ``Lease`` a blocking caller holds; ``clear``: ``clear``'s SCAN over
+  every node.
 - ``settings``: ``Settings``, the constructor's arguments with their defaults and
   checks, frozen; ``steps``: the step protocol (``Ask``, ``Pause``, ``Settle``)
   every operation is written in, and ``drive`` for a blocking round; ``rules``:

@@ -22,7 +22,7 @@ steps of every operation, shared with the asyncio driver), its ``NodeSet``
 here is the rules' steps driven by ``steps.drive`` over ``NodeSet.round``; what is
 left here is what only the blocking driver does: hearing releases while blocked,
 ``lock()`` with the watchdog, the watchdog's batched renewal (renewals.py), and
-``clear``'s SCAN (queries.py). The ``Lease`` a caller holds is lease.py; what is
+``clear``'s SCAN (clear.py). The ``Lease`` a caller holds is lease.py; what is
 stored under a key (token|holder, tombstones, fence counters) stored.py; the Lua
 scripts.py. This module knows nothing about Celery and must not import it;
 lease.py, stored.py, rules.py and watchdog.py must not import this module.
@@ -38,14 +38,14 @@ from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 from ..errors import QuorumUnavailable, RedlockError
 from ..wire.node_set import NodeSet
 from .acquire_replies import Attempt
+from .clear import clear_matching
 from .commands import lock_keys
 from .lease import Duration, Extension, Lease, LeaseState
-from .queries import clear_matching
 from .quorum import CLOCK_PRECISION, clear_match, judge_exit, lease_value, quorum
 from .reentry import HeldLeases
 from .renewals import extend_batch
 from .rules import LockRules
-from .settings import DEFAULTS, Settings
+from .settings import DEFAULTS, Settings, ShowsSettings
 from .steps import Ask, Pause, Steps, drive
 from .stored import (
     FENCE,
@@ -88,7 +88,7 @@ _SLEEP = time.sleep  # the default: waits are the lock's own, releases are heard
 T = TypeVar("T")
 
 
-class Redlock:
+class Redlock(ShowsSettings):
     """The Redlock distributed lock over N independent Redis masters.
 
     ``nodes``: Redis URLs (``redis://``, ``rediss://``, ``unix://``) or ``redis.Redis``
@@ -113,9 +113,11 @@ class Redlock:
     an injected ``sleep`` a blocked acquire polls through it instead of listening
     for releases).
 
-    The settings are checked once and frozen (settings.py): ``redlock.ttl`` and its
-    siblings, and ``quorum``, are read-only.
+    The settings are attributes (``redlock.ttl`` and its siblings, settings.py):
+    assigning one checks it with the others, as the constructor does.
     """
+
+    _rules: LockRules
 
     def __init__(
         self,
@@ -147,41 +149,6 @@ class Redlock:
     def __repr__(self) -> str:
         addresses = ", ".join(n.address for n in self._nodes.nodes)
         return f"<Redlock [{addresses}] ttl={self.ttl}s>"
-
-    # -- the settings (settings.py), read-only -------------------------------------
-
-    @property
-    def ttl(self) -> float:
-        return self._rules.settings.ttl
-
-    @property
-    def node_timeout(self) -> float:
-        return self._rules.settings.node_timeout
-
-    @property
-    def drift_factor(self) -> float:
-        return self._rules.settings.drift_factor
-
-    @property
-    def retry_count(self) -> int:
-        return self._rules.settings.retry_count
-
-    @property
-    def retry_delay(self) -> float:
-        return self._rules.settings.retry_delay
-
-    @property
-    def fencing(self) -> bool:
-        return self._rules.settings.fencing
-
-    @property
-    def max_hold(self) -> Optional[float]:
-        return self._rules.settings.max_hold
-
-    @property
-    def quorum(self) -> int:
-        """How many nodes make a majority."""
-        return self._rules.quorum
 
     @property
     def nodes(self) -> list[str]:

@@ -41,7 +41,7 @@ shapes, so the judging here is shared); what a new operation *decides* is one mo
 generator here; a new kind of round (e.g. several commands per node) is a new
 field of ``Ask`` or a new step type in steps.py and one branch in each driver's
 ``_drive`` (``steps.drive``, ``AsyncRedlock._drive``). No sockets: reads the
-clocks it was given only. Must not import node_set.py, redlock.py, queries.py,
+clocks it was given only. Must not import node_set.py, redlock.py, clear.py,
 asyncio or Celery.
 """
 

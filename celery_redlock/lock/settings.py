@@ -13,8 +13,8 @@ rules.py, node_set.py, redlock.py, asyncio or Celery.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import asdict, dataclass
+from typing import Generic, Optional, Protocol, TypeVar, Union, overload
 
 from ..errors import ConfigurationError
 from . import validate
@@ -22,7 +22,7 @@ from .commands import Keys, lock_keys
 from .quorum import CLOCK_PRECISION, token_argument
 from .stored import default_holder
 
-__all__ = ["DEFAULTS", "AcquireArguments", "Settings"]
+__all__ = ["DEFAULTS", "AcquireArguments", "Settings", "ShowsSettings"]
 
 #: acquire's arguments, checked: keys, lease ttl, timeout (None: no limit), the
 #: caller's token (None: a random one), holder.
@@ -133,3 +133,59 @@ class Settings:
 
 #: The defaults of ``Redlock`` and ``AsyncRedlock``'s arguments.
 DEFAULTS = Settings()
+
+
+V = TypeVar("V")
+
+
+class _Rules(Protocol):
+    settings: Settings
+    quorum: int
+    addresses: tuple[str, ...]
+
+
+class _Setting(Generic[V]):
+    """One setting as an attribute of a lock (``redlock.ttl``), read from its rules'
+    frozen ``Settings``. Assigned, the new value is checked with the others as the
+    constructor checks them, so ``redlock.node_timeout = 60`` cannot pass ttl unseen."""
+
+    name: str
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, lock: None, owner: type) -> _Setting[V]: ...
+
+    @overload
+    def __get__(self, lock: ShowsSettings, owner: type) -> V: ...
+
+    def __get__(self, lock: Optional[ShowsSettings], owner: type) -> Union[V, _Setting[V]]:
+        if lock is None:
+            return self
+        return getattr(lock._rules.settings, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, lock: ShowsSettings, value: V) -> None:
+        rules = lock._rules
+        fields = {**asdict(rules.settings), self.name: value}
+        rules.settings = Settings.checked(rules.addresses, **fields)
+
+
+class ShowsSettings:
+    """What ``Redlock`` and ``AsyncRedlock`` show of their rules: each setting as an
+    attribute (see ``Settings`` for their meaning), and the quorum."""
+
+    _rules: _Rules
+
+    ttl: _Setting[float] = _Setting()
+    node_timeout: _Setting[float] = _Setting()
+    drift_factor: _Setting[float] = _Setting()
+    retry_count: _Setting[int] = _Setting()
+    retry_delay: _Setting[float] = _Setting()
+    fencing: _Setting[bool] = _Setting()
+    max_hold: _Setting[Optional[float]] = _Setting()
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes make a majority."""
+        return self._rules.quorum

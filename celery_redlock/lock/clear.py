@@ -7,7 +7,6 @@ a round, so not steps. The other calls that need no lease (``extend_value``,
 counters are never deleted (fences must never go backwards) and tombstones expire
 by themselves: both sit behind a NUL (see stored.py) and are skipped.
 
-The names re-exported below are where 0.1's ``celery_redlock.admin`` had them.
 Must not import rules.py, redlock.py or Celery.
 """
 
@@ -17,19 +16,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..errors import QuorumUnavailable
-from .commands import ms
-from .quorum import TOKEN_LENGTH, is_answer, is_one, lease_value, token_argument
 from .stored import is_lock_key
 
-__all__ = [
-    "TOKEN_LENGTH",
-    "clear_matching",
-    "is_answer",
-    "is_one",
-    "lease_value",
-    "ms",
-    "token_argument",
-]
+__all__ = ["clear_matching"]
 
 #: Keys deleted per DEL while clearing.
 BATCH = 500
