@@ -1,7 +1,8 @@
 """Lock rounds under a busy gevent or eventlet hub, in a process of their own.
 
-    python tests/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative] [node_timeout=S]
-    python tests/green_rounds.py gevent|eventlet URL[,URL...] lost
+    python tests/apps/green_rounds.py gevent|eventlet URL[,URL...] [count] [cooperative] \
+        [node_timeout=S]
+    python tests/apps/green_rounds.py gevent|eventlet URL[,URL...] lost
 
 Monkey-patches the whole process first (as ``celery worker -P gevent|eventlet``
 does), then starts one greenlet that computes for about 2 s in slices of two node_timeouts

@@ -1,7 +1,7 @@
 """The Celery app that test_handoff_workers runs in real prefork ``celery worker``
 subprocesses: same-key tasks with hand-off to waiting duplicates on and off.
 
-Configured from the environment like tests/poolapp.py (``BROKER_URL``,
+Configured from the environment like tests/apps/poolapp.py (``BROKER_URL``,
 ``REDLOCK_NODES``, ``OBSERVER_URL``), whose body (occupancy, runs, starts, intervals on
 the observer, a Redis the lock never sees) it reuses. It also counts, on the observer,
 every task message a worker publishes (lock retries, fallbacks, wakes):
@@ -14,8 +14,9 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import after_task_publish
-from poolapp import BROKER_URL, REDLOCK_NODES, TimedRedlockTask, body
-from workerapp import observer
+
+from tests.apps.poolapp import BROKER_URL, REDLOCK_NODES, TimedRedlockTask, body
+from tests.apps.workerapp import observer
 
 KEY_TEMPLATE = "handoff:{tag}"
 KEY_PREFIX = "redlock"

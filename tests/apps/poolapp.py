@@ -1,7 +1,7 @@
 """The Celery app that test_pools runs in real ``celery worker`` subprocesses of every
 pool: prefork, solo, threads, gevent and eventlet.
 
-Configured from the environment like tests/workerapp.py (``BROKER_URL``,
+Configured from the environment like tests/apps/workerapp.py (``BROKER_URL``,
 ``REDLOCK_NODES``, ``OBSERVER_URL``), whose observer client and occupancy script it
 uses. The task bodies report to the observer, a Redis
 the lock never sees, under their ``counter``:
@@ -28,9 +28,12 @@ from typing import Any
 
 import redis
 from celery import Celery
-from workerapp import _ENTER, observer  # the occupancy bookkeeping test_celery_workers uses
 
 from celery_redlock import RedlockTask
+from tests.apps.workerapp import (  # the occupancy bookkeeping test_celery_workers uses
+    _ENTER,
+    observer,
+)
 
 BROKER_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
 OBSERVER_URL = os.environ.get("OBSERVER_URL", BROKER_URL)

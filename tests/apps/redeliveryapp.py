@@ -1,6 +1,6 @@
 """The Celery app that the ``celery worker`` subprocesses of test_redelivery run.
 
-Configured from the environment like tests/workerapp.py (``BROKER_URL``,
+Configured from the environment like tests/apps/workerapp.py (``BROKER_URL``,
 ``REDLOCK_NODES``, ``OBSERVER_URL``), and its task bodies are workerapp's
 :func:`workerapp.occupy`: they report occupancy, executions per task id and
 monotonic intervals to the observer Redis, which the lock never sees.
@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from workerapp import BROKER_URL, KEY_PREFIX, KEY_TEMPLATE, REDLOCK_NODES, occupy_task
+
+from tests.apps.workerapp import BROKER_URL, KEY_PREFIX, KEY_TEMPLATE, REDLOCK_NODES, occupy_task
 
 #: Seconds an unacked message stays invisible before the broker hands it out again.
 VISIBILITY_TIMEOUT = 2

@@ -17,8 +17,6 @@ from typing import Any, Callable, TypeVar
 
 import pytest
 import redis
-from observe import until
-from test_tls_acl import TLSNode, _urls, _values, certs, tls, tls_nodes
 
 from celery_redlock import (
     AlreadyHeld,
@@ -30,8 +28,8 @@ from celery_redlock import (
 )
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
 from celery_redlock.testing import FaultProxy, RedisNodes, RedisServer
-
-__all__ = ["certs", "tls", "tls_nodes"]  # fixtures used below
+from tests.support.observe import until
+from tests.support.tls_acl import TLSNode, tls_urls, tls_values
 
 T = TypeVar("T")
 FOREIGN = b"someone-else-entirely|other-host:1"
@@ -369,14 +367,14 @@ def test_tls_nodes(tls: list[TLSNode], certs: Any) -> None:
     ca: Path = certs.ca
 
     async def scenario() -> None:
-        redlock = AsyncRedlock(_urls(tls, ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+        redlock = AsyncRedlock(tls_urls(tls, ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
         lease = await redlock.acquire("tls:async", holder="api:3")
         assert lease is not None
         value = lease.value.encode()
-        await _until(lambda: _values(tls, "tls:async") == [value] * 3, RELEASED_WITHIN, "all 3")
+        await _until(lambda: tls_values(tls, "tls:async") == [value] * 3, RELEASED_WITHIN, "all 3")
         assert (await redlock.holder("tls:async")).holder == "api:3"
         assert await lease.release() is True
-        untrusted = AsyncRedlock(_urls(tls, certs.other_ca), node_timeout=NODE_TIMEOUT)
+        untrusted = AsyncRedlock(tls_urls(tls, certs.other_ca), node_timeout=NODE_TIMEOUT)
         with pytest.raises(QuorumUnavailable, match="certificate verify failed"):
             await untrusted.acquire("tls:closed", blocking=False)
 

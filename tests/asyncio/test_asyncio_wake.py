@@ -17,28 +17,26 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from observe import until
-from test_tls_acl import MINIMAL_ACL, acl_cluster, acl_nodes, set_user
-from test_wake import (
-    HANG_GUARD,
-    NEVER,
-    NODE_TIMEOUT,
-    WAKE_ACL,
-    _attempts,
-    _denied_pubsub,
-    _hold_until_waited,
-    _subscribed,
-)
 
 from celery_redlock import Redlock
 from celery_redlock.asyncio import AsyncRedlock
 from celery_redlock.lock.wake import wake_channel
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.observe import until
+from tests.support.tls_acl import MINIMAL_ACL, set_user
+from tests.support.wake import (
+    HANG_GUARD,
+    NEVER,
+    NODE_TIMEOUT,
+    WAKE_ACL,
+    denied_pubsub,
+    evalsha_calls,
+    hold_until_waited,
+    subscribed,
+)
 
-__all__ = ["acl_cluster", "acl_nodes"]  # fixtures used below
 
-
-async def _until(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
+async def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
     """Wait for ``check`` (an event, not a timing claim) on the event loop."""
     for _ in range(int(guard / 0.01)):
         if check():
@@ -68,7 +66,7 @@ def test_a_release_in_another_process_wakes_the_waiting_task(redis_nodes: RedisN
     urls = redis_nodes.urls
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
-    holder = ctx.Process(target=_hold_until_waited, args=(urls, "woken", NEVER, ready, out))
+    holder = ctx.Process(target=hold_until_waited, args=(urls, "woken", NEVER, ready, out))
     holder.start()
 
     async def main() -> None:
@@ -77,7 +75,7 @@ def test_a_release_in_another_process_wakes_the_waiting_task(redis_nodes: RedisN
         assert lease is not None  # polling would have waited an hour
         assert (await redlock.holder("woken")).holder == lease.holder
         assert await lease.release()
-        await _until(_unsubscribed(urls, "woken"))  # unsubscribed on the way out
+        await wait_for(_unsubscribed(urls, "woken"))  # unsubscribed on the way out
         redlock.close()
 
     try:
@@ -102,13 +100,13 @@ def test_every_kind_of_release_wakes_the_waiting_task(redis_nodes: RedisNodes, h
         redlock = _waiter(urls)
         waiting = asyncio.ensure_future(redlock.acquire(wanted[::-1], timeout=None))
         for name in wanted:
-            await _until(_subscribed(urls, name))
+            await wait_for(subscribed(urls, name))
         if how == "force_release":
             # It counts the nodes that deleted the key (it waits for every node):
             # from the holder's key on every node, not only the acquire's quorum.
             clients = [s.client() for s in redis_nodes]
             value = held.value.encode()
-            await _until(lambda: [c.get(key) for c in clients] == [value] * len(urls))
+            await wait_for(lambda: [c.get(key) for c in clients] == [value] * len(urls))
             assert await asyncio.to_thread(holder.force_release, key) == len(urls)
         else:
             assert await asyncio.to_thread(held.release)
@@ -130,19 +128,19 @@ def test_a_cancelled_waiting_acquire_leaves_no_subscription_and_no_task(
         redlock = _waiter(urls)
         before = asyncio.all_tasks()
         waiting = asyncio.ensure_future(redlock.acquire("cancelled", timeout=None))
-        await _until(_subscribed(urls, "cancelled"))
+        await wait_for(subscribed(urls, "cancelled"))
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         # Unsubscribed, not merely disconnected: the lock is not closed yet.
-        await _until(_unsubscribed(urls, "cancelled"))
+        await wait_for(_unsubscribed(urls, "cancelled"))
         await asyncio.sleep(0)
         assert asyncio.all_tasks() == before
         assert held.release()
         # The pooled connections serve the next waiter, which is woken as well.
         again = _holder(urls, "cancelled")
         second = asyncio.ensure_future(redlock.acquire("cancelled", timeout=HANG_GUARD))
-        await _until(_subscribed(urls, "cancelled"))
+        await wait_for(subscribed(urls, "cancelled"))
         assert await asyncio.to_thread(again.release)
         lease = await second
         assert lease is not None
@@ -177,10 +175,10 @@ def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisNodes) -> No
             redlock = _waiter(urls)  # one lock, many tasks: one listener each
             tasks = [asyncio.ensure_future(one(redlock, f"t{i}")) for i in range(waiters)]
             # Every task listens before the first release: only wakes move them on.
-            await _until(_subscribed(urls, "aherd", waiters), guard=HANG_GUARD * 4)
+            await wait_for(subscribed(urls, "aherd", waiters), guard=HANG_GUARD * 4)
             assert await asyncio.to_thread(first.release)
             await asyncio.gather(*tasks)
-            await _until(_unsubscribed(urls, "aherd"))
+            await wait_for(_unsubscribed(urls, "aherd"))
             redlock.close()
 
         asyncio.run(main())
@@ -201,7 +199,7 @@ def test_a_user_without_pubsub_rights_gets_the_lock_by_polling(
         redlock = _waiter(urls, retry_delay=0.05)
         waiting = asyncio.ensure_future(redlock.acquire(key, timeout=HANG_GUARD))
         # The holder's acquire, then the waiter refused at least twice: it is waiting.
-        await _until(lambda: _attempts(acl_nodes.urls) >= 3)
+        await wait_for(lambda: evalsha_calls(acl_nodes.urls) >= 3)
         assert await asyncio.to_thread(held.release)  # its publish refused, not it
         lease = await waiting
         assert lease is not None  # got it by polling
@@ -209,7 +207,7 @@ def test_a_user_without_pubsub_rights_gets_the_lock_by_polling(
         redlock.close()
 
     asyncio.run(main())
-    assert _denied_pubsub(acl_nodes[0])  # subscribing was tried, and refused
+    assert denied_pubsub(acl_nodes[0])  # subscribing was tried, and refused
 
 
 def test_a_user_with_channel_rights_is_woken(acl_nodes: RedisNodes) -> None:
@@ -221,7 +219,7 @@ def test_a_user_with_channel_rights_is_woken(acl_nodes: RedisNodes) -> None:
     async def main() -> None:
         redlock = _waiter(urls)  # retry_delay of an hour: only a heard release is in time
         waiting = asyncio.ensure_future(redlock.acquire(key, timeout=HANG_GUARD))
-        await _until(_subscribed(acl_nodes.urls, key))
+        await wait_for(subscribed(acl_nodes.urls, key))
         assert await asyncio.to_thread(held.release)
         lease = await waiting
         assert lease is not None
@@ -229,4 +227,4 @@ def test_a_user_with_channel_rights_is_woken(acl_nodes: RedisNodes) -> None:
         redlock.close()
 
     asyncio.run(main())
-    assert not _denied_pubsub(acl_nodes[0])
+    assert not denied_pubsub(acl_nodes[0])

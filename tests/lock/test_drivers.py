@@ -22,8 +22,6 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from observe import settles, until
-from test_redlock import BAD_CONSTRUCTION
 
 from celery_redlock import (
     AlreadyHeld,
@@ -37,6 +35,8 @@ from celery_redlock import (
 from celery_redlock.asyncio import AsyncRedlock
 from celery_redlock.lock.stored import reentry_holds
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.bad_construction import BAD_CONSTRUCTION
+from tests.support.observe import settles, until
 
 FOREIGN = b"someone-else-entirely|other-host:1"
 NODE_TIMEOUT = 1.0

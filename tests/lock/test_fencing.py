@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from observe import settles
 
 from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.fencing import fence_key, fenced_set, sql_fenced_update
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.observe import settles
 
 #: The paused holder's lease: long enough that its fenced acquire (two rounds) fits
 #: with room to spare on a loaded machine, short enough for 20 pauses past it.

@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from observe import settles, until
 
 from celery_redlock import ConfigurationError, Lease, LockLost, QuorumUnavailable, Redlock
 from celery_redlock.lock.stored import fence_counter, tombstone
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.observe import settles, until
 
 NODE_TIMEOUT = 1.0
 KEY_TTL = 30.0

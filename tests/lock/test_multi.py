@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from observe import settles, until
 
 from celery_redlock import (
     AlreadyHeld,
@@ -25,6 +24,7 @@ from celery_redlock import (
 from celery_redlock.lock.commands import MAX_KEYS
 from celery_redlock.lock.stored import fence_counter, tombstone
 from celery_redlock.testing import RedisNodes
+from tests.support.observe import settles, until
 
 NODE_TIMEOUT = 0.5
 KEY_TTL = 30.0

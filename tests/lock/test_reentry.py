@@ -15,7 +15,6 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
-from observe import SETTLES_WITHIN, settles
 
 from celery_redlock import (
     AlreadyHeld,
@@ -28,6 +27,7 @@ from celery_redlock.lock import scripts
 from celery_redlock.lock.stored import FIRST_HOLD, reentry_holds
 from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.observe import SETTLES_WITHIN, settles
 
 NODE_TIMEOUT = 0.5
 KEY_TTL = 30.0

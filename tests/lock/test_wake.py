@@ -19,53 +19,26 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
-from test_tls_acl import MINIMAL_ACL, acl_cluster, acl_nodes, set_user  # noqa: F401
 
 from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.lock.wake import wake_channel
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
-
-NODE_TIMEOUT = 0.5
-#: An acquire's timeout that polling cannot meet (see the module docstring).
-HANG_GUARD = 30.0
-#: retry_delay and holder TTL far past HANG_GUARD: polling never gets there in time.
-NEVER = 3600.0
-#: What the lock's ACL user needs to be woken (SAFETY.md).
-WAKE_ACL = ("+publish", "+subscribe", "+unsubscribe", "&redlock:*")
-
-
-def _until(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
-    """Wait for ``check`` (an event, not a timing claim); fail past ``guard``."""
-    done = threading.Event()
-    for _ in range(int(guard / 0.01)):
-        if check():
-            return
-        done.wait(0.01)
-    pytest.fail("the condition was never reached")
-
-
-def _subscribed(urls: list[str], key: str, count: int = 1) -> Callable[[], bool]:
-    clients = [redis.Redis.from_url(u) for u in urls]
-    channel = wake_channel(key)
-
-    def check() -> bool:
-        return all(c.pubsub_numsub(channel)[0][1] >= count for c in clients)
-
-    return check
-
-
-def _hold_until_waited(urls: list[str], key: str, ttl: float, ready: Any, out: Any) -> None:
-    """Another process: take ``key``, say so, release once a waiter listens."""
-    redlock = Redlock(urls, ttl=ttl, node_timeout=NODE_TIMEOUT)
-    lease = redlock.acquire(key, blocking=False, holder="holder-process")
-    assert lease is not None
-    ready.set()
-    _until(_subscribed(urls, key))
-    out.put(lease.release())
+from tests.support.tls_acl import MINIMAL_ACL, set_user
+from tests.support.wake import (
+    HANG_GUARD,
+    NEVER,
+    NODE_TIMEOUT,
+    WAKE_ACL,
+    denied_pubsub,
+    evalsha_calls,
+    hold_until_waited,
+    subscribed,
+    wait_for,
+)
 
 
 def _hold_and_die(urls: list[str], key: str, ttl: float, ready: Any) -> None:
@@ -86,7 +59,7 @@ def test_a_release_in_another_process_wakes_the_blocked_acquire(
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     holder = ctx.Process(
-        target=_hold_until_waited, args=(redis_nodes.urls, "woken", NEVER, ready, out)
+        target=hold_until_waited, args=(redis_nodes.urls, "woken", NEVER, ready, out)
     )
     holder.start()
     try:
@@ -100,7 +73,7 @@ def test_a_release_in_another_process_wakes_the_blocked_acquire(
         lease.release()
         redlock.close()
         # Unsubscribed on the way out, and the connections closed.
-        _until(lambda: not _subscribed(redis_nodes.urls, "woken")())
+        wait_for(lambda: not subscribed(redis_nodes.urls, "woken")())
     finally:
         holder.join(HANG_GUARD)
 
@@ -134,7 +107,7 @@ def test_no_timeout_is_woken_too(redis_nodes: RedisNodes) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     args = (redis_nodes.urls, "forever", NEVER, ready, out)
-    holder = ctx.Process(target=_hold_until_waited, args=args)
+    holder = ctx.Process(target=hold_until_waited, args=args)
     holder.start()
     try:
         assert ready.wait(HANG_GUARD)
@@ -156,7 +129,7 @@ def test_an_infinite_timeout_is_accepted(redis_nodes: RedisNodes) -> None:
     other = _waiter(redis_nodes.urls).acquire("inf2", blocking=False)
     assert other is not None
     thread.start()
-    _until(_subscribed(redis_nodes.urls, "inf2"))
+    wait_for(subscribed(redis_nodes.urls, "inf2"))
     assert other.release()
     thread.join(HANG_GUARD)
     assert waiting and waiting[0].held
@@ -221,7 +194,7 @@ def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisNodes, how: st
     wanted = key if isinstance(key, list) else [key]
     thread = _blocked(_waiter(urls), wanted[::-1], got)
     for name in wanted:
-        _until(_subscribed(urls, name))
+        wait_for(subscribed(urls, name))
     if how == "force_release":
         assert holder.force_release(key) == len(urls)
     else:
@@ -244,43 +217,27 @@ def _acl_wait(urls: list[str], admin_urls: list[str], key: str) -> tuple[bool, A
     thread = threading.Thread(target=lambda: got.append(waiter.acquire(key, timeout=HANG_GUARD)))
     thread.start()
     # The holder's acquire, then the waiter refused at least twice: it is waiting.
-    _until(lambda: _attempts(admin_urls) >= 3)
+    wait_for(lambda: evalsha_calls(admin_urls) >= 3)
     released = held.release()
     thread.join(HANG_GUARD)
     waiter.close()
     return released, got[0] if got else None
 
 
-def _attempts(admin_urls: list[str]) -> int:
-    client = redis.Redis.from_url(admin_urls[0])
-    stats = client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-def _denied_pubsub(server: RedisServer) -> set[str]:
-    """What of publish / subscribe (command or channel) the node's ACL LOG refused."""
-    denied = set()
-    for entry in server.client().acl_log(count=128):
-        context, what = str(entry["context"]), str(entry["object"])
-        if what in ("publish", "subscribe") or what.endswith("\x00wake"):
-            denied.add(f"{context}:{what}")
-    return denied
-
-
 def test_a_node_denying_pubsub_still_releases_and_the_waiter_polls(
-    acl_nodes: RedisNodes,  # noqa: F811
+    acl_nodes: RedisNodes,
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)  # no channels, no pub/sub
     acl_nodes[0].client().acl_log_reset()
     released, lease = _acl_wait(urls, acl_nodes.urls, "redlock:wake:denied")
     assert released is True  # the publish was refused, the release was not
     assert lease is not None  # got it by polling
-    assert _denied_pubsub(acl_nodes[0])  # both were tried, and refused
+    assert denied_pubsub(acl_nodes[0])  # both were tried, and refused
     lease.release()
 
 
 def test_an_acl_user_with_channel_rights_is_woken(
-    acl_nodes: RedisNodes,  # noqa: F811
+    acl_nodes: RedisNodes,
 ) -> None:
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *WAKE_ACL)
     acl_nodes[0].client().acl_log_reset()
@@ -293,12 +250,12 @@ def test_an_acl_user_with_channel_rights_is_woken(
         target=lambda: got.append(waiter.acquire("redlock:wake:allowed", timeout=HANG_GUARD))
     )
     thread.start()
-    _until(_subscribed(acl_nodes.urls, "redlock:wake:allowed"))
+    wait_for(subscribed(acl_nodes.urls, "redlock:wake:allowed"))
     assert held.release()
     thread.join(HANG_GUARD)
     assert got and got[0] is not None
     got[0].release()
-    assert not _denied_pubsub(acl_nodes[0])  # nothing of pub/sub was denied
+    assert not denied_pubsub(acl_nodes[0])  # nothing of pub/sub was denied
 
 
 #: The herd's guard for every waiter to listen (spawning 6 interpreters on a loaded machine).
@@ -333,7 +290,7 @@ def test_many_waiters_each_get_the_key_once_in_turn(redis_nodes: RedisNodes, tmp
         for proc in procs:
             proc.start()
         # Every waiter listens before the first release: only wakes move them on.
-        _until(_subscribed(redis_nodes.urls, "herd", waiters), guard=HERD_GUARD)
+        wait_for(subscribed(redis_nodes.urls, "herd", waiters), guard=HERD_GUARD)
         assert first.release()
         for proc in procs:
             proc.join(2 * HERD_GUARD)  # each waiter's own timeout
@@ -398,7 +355,7 @@ def test_a_sentinel_managed_node_is_heard_at_its_master() -> None:
         waiter = _waiter([group.url])  # polling would take an hour
         thread = _blocked(waiter, "sentinel:wake", got)
         master = group.master.client()
-        _until(lambda: master.pubsub_numsub(wake_channel("sentinel:wake"))[0][1] >= 1)
+        wait_for(lambda: master.pubsub_numsub(wake_channel("sentinel:wake"))[0][1] >= 1)
         assert held.release()
         thread.join(HANG_GUARD)
         assert got and got[0] is not None

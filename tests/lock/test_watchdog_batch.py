@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import redis
-from observe import settles
 
 from celery_redlock import Lease, Redlock
 from celery_redlock.lock import renewals as renewals_module
 from celery_redlock.lock.lease import Extension
 from celery_redlock.lock.watchdog import Watchdog
 from celery_redlock.testing import FaultProxyFactory, RedisNodes, RedisNodesFactory
+from tests.support.observe import settles
 
 TTL = 3.0
 INTERVAL = TTL / 3

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from observe import settles
 
 from bench import scale_handoff, scale_report
 from bench.scale_tasks import _busy_share, _overlaps, _rank_correlation
 from celery_redlock.testing import RedisNodesFactory
+from tests.support.observe import settles
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """``celery -A proj redlock doctor | ls | show | release`` against real redis-server nodes.
 
 Each command runs at least once through the real ``celery`` program in a subprocess
-(``-A cliapp``, nodes passed by environment: entry point discovery, app loading and
+(``-A tests.apps.cliapp``, nodes passed by environment: entry point discovery, app loading and
 exit codes as an operator sees them). The rest invoke the ``redlock`` click group
 in-process with click's CliRunner and the same context object Celery's own group
 builds (``CLIContext``), which is faster and lets a test answer the --force prompt.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -44,8 +42,8 @@ from celery_redlock.testing import (
     RedisServerFactory,
 )
 from celery_redlock.testing.ports import claim_free_port, release_port
+from tests.support.cli import run_celery
 
-TESTS = Path(__file__).resolve().parent
 KEY = "redlock:import:42"
 HOLDER = "task-1@worker-a:42"
 #: The TTL take_lock gives its lock.
@@ -75,21 +73,6 @@ def invoke(urls: list[str], *args: str, input: Optional[str] = None) -> Result:
     """``celery -A app redlock ARGS`` in-process, with Celery's context object."""
     obj = CLIContext(app=make_app(urls), no_color=True, workdir=None)
     return CliRunner().invoke(redlock, list(args), obj=obj, input=input, catch_exceptions=False)
-
-
-def run_celery(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m celery -A cliapp redlock ARGS`` as an operator runs it."""
-    env = dict(os.environ)
-    env["REDLOCK_CLI_NODES"] = ",".join(urls)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "cliapp", "redlock", *args],
-        env=env,
-        cwd=TESTS,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def doc(output: str) -> Any:

@@ -33,7 +33,7 @@ from celery_redlock.testing import RedisServer
 from example_project import demo, observer, store
 from example_project.workload import Workload
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 COMPOSE = CHECKOUT / "docker-compose.yml"
 LOCK_NODES = [f"lock{i}" for i in range(1, 6)]
 WORKERS = ["worker1", "worker2"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "celery_redlock"
+PACKAGE = Path(__file__).resolve().parents[2] / "celery_redlock"
 
 #: The map of the house: each room (a folder, or a public module at the top) and the
 #: rooms it may reach, directly or through other modules. Every module falls in one

@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from celery_redlock import RedlockTask, metrics, signals
 from celery_redlock.testing import RedisNodes, RedisServer
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 NAMES = (
     "celery_redlock_acquire_seconds",
     "celery_redlock_contended_total",

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 # tools/ is not an installed package: make the repository root importable
 # whichever way pytest was started (pytest, python -m pytest, from any cwd).
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 

@@ -25,7 +25,6 @@ from typing import Any, Optional
 
 import pytest
 import redis
-from appfixture import free_results
 from celery import Celery
 from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
@@ -45,6 +44,7 @@ from celery_redlock import (
 from celery_redlock.cli import redlock as redlock_cli
 from celery_redlock.tasks.config import reset
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.appfixture import free_results
 
 #: What every message about a URL lists as accepted.
 ACCEPTED_URLS = "accepted: redis://[[user]:password@]host[:port][/db], rediss://"

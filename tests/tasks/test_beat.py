@@ -6,7 +6,7 @@ The in-process beats run Celery's own ``Scheduler.tick`` loop against a fake clo
 them for ten periods in milliseconds. Lock rounds go to 5 real redis-servers.
 
 The subprocess tests run three ``celery beat`` processes and one ``celery worker``
-(tests/beatapp.py) against a real Redis broker and 5 real lock nodes; the task reports
+(tests/apps/beatapp.py) against a real Redis broker and 5 real lock nodes; the task reports
 each execution and the tick header it carried to a third Redis, the observer. What
 the beats claim is read from their logs (one line per beat per tick); what ran is
 judged from the observer only.
@@ -44,9 +44,7 @@ from celery_redlock.beat import (
     lock_ttl,
 )
 from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, RedisServerFactory
-
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
+from tests.support.workers import app_process
 
 #: A fake "now" far from any real key: 2027-01-15T08:00:00Z.
 EPOCH = 1_800_000_000
@@ -524,16 +522,10 @@ class Deployment:
     processes: list[Process] = field(default_factory=list)
 
     def _files(self, name: str) -> dict[str, Any]:
-        return {
-            "log_path": self.tmp_path / f"{name}.log",
-            "cwd": TESTS_DIR,
-            "env": self.env,
-            "pythonpath": [TESTS_DIR, CHECKOUT],
-        }
+        return app_process("beatapp", self.tmp_path / f"{name}.log", self.env)
 
     def start_worker(self) -> Process:
         worker = Process.worker(
-            "beatapp",
             name="worker",
             hostname="w1@%h",
             pool="solo",
@@ -546,7 +538,6 @@ class Deployment:
 
     def start_beat(self, name: str) -> Process:
         beat = Process.beat(
-            "beatapp",
             name=name,
             schedule=self.tmp_path / f"{name}-schedule",
             pidfile=self.tmp_path / f"{name}.pid",

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import pytest
-from appfixture import Recorder, recording, worker_test_app
 from celery import Celery, chain, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import ChordError
@@ -36,6 +35,7 @@ from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import is_skipped
 from celery_redlock.tasks.queue_once import QUEUED_SUFFIX
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.appfixture import Recorder, recording, worker_test_app
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from appfixture import Recorder, recording
 from celery import Celery
 
 from celery_redlock import LockContended, QuorumUnavailable, Redlock, RedlockTask
 from celery_redlock.skipped import is_skipped
 from celery_redlock.testing import RedisNodes
+from tests.support.appfixture import Recorder, recording
 
 pytestmark = pytest.mark.parametrize("propagates", [False, True], ids=["stored", "raised"])
 

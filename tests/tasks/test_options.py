@@ -14,7 +14,7 @@ from celery_redlock import ConfigurationError, RedlockTask
 from celery_redlock.tasks.config import DEFAULTS, TASK_OPTIONS, TaskOptions, app_config
 from celery_redlock.tasks.options import OPTIONS, TaskAttribute, readme_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_configuration_table() -> list[str]:

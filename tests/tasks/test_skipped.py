@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from appfixture import Recorder, gate_wait, recording, worker_test_app
 from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
@@ -23,6 +22,7 @@ from celery.result import AsyncResult
 from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.appfixture import Recorder, gate_wait, recording, worker_test_app
 
 #: Only guards against a hang: every wait here ends in well under a second when right.
 HANG_GUARD = 30.0

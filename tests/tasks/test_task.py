@@ -12,14 +12,12 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from appfixture import Recorder, gate_wait, recording, worker_test_app
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 from hypothesis import given
 from hypothesis import strategies as st
-from observe import until
 
 from celery_redlock import (
     SKIPPED,
@@ -31,6 +29,8 @@ from celery_redlock import (
 )
 from celery_redlock.skipped import is_skipped
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.appfixture import Recorder, gate_wait, recording, worker_test_app
+from tests.support.observe import until
 
 
 @pytest.fixture

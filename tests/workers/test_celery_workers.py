@@ -1,13 +1,13 @@
 """RedlockTask in real ``celery worker`` subprocesses: prefork children, several
 workers, the threads and solo pools, SIGKILLed children, hung lock nodes.
 
-The workers run tests/workerapp.py against a real Redis broker, 5 real lock nodes and
+The workers run tests/apps/workerapp.py against a real Redis broker, 5 real lock nodes and
 a third Redis, the observer, that the task bodies report to (occupancy, executions
 per task id, monotonic intervals). Safety is judged from the observer, never from the
 lock's own word. Each worker logs to its own file, which the tests read for the
 contention WARNING and lock lost ERROR lines.
 
-gevent and eventlet are covered, with every other pool, by tests/test_pools.py.
+gevent and eventlet are covered, with every other pool, by tests/workers/test_pools.py.
 """
 
 from __future__ import annotations
@@ -17,33 +17,33 @@ import re
 import signal
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-import redis
-import workerapp
-from appfixture import free_results
-from celery import Celery
 from celery.result import AsyncResult
 
 from celery_redlock import LockContended
-from celery_redlock.testing import (
-    CeleryProcess,
-    RedisNodes,
-    RedisServer,
-    RedisServerFactory,
-    wait_all_ready,
-)
+from celery_redlock.testing import CeleryProcess
 from celery_redlock.testing.children import process_state
+from tests.apps import workerapp
+from tests.support.workers import (
+    Interval,
+    Stack,
+    app_env,
+    effects,
+    eventually,
+    intervals,
+    launch_workers,
+    max_occupancy,
+    overlaps,
+    runs,
+    starts,
+    stop_workers,
+    wait_all,
+)
 
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
-
-#: Seconds a worker gets to log "ready." (a loaded 2-core CI machine is slow to fork).
-READY_TIMEOUT = 60.0
 #: Redis expiry is kept in whole milliseconds: allow this much rounding, in ns.
 EXPIRY_SLACK_NS = 2_000_000
 #: A 2 s lease is renewed at ttl/3: by this long after the body began (ns), it has been.
@@ -56,39 +56,7 @@ RENEWED_BY = 1_000_000_000
 Worker = CeleryProcess
 
 
-@dataclass
-class Stack:
-    """The servers of one test and a client app that sends to its workers."""
-
-    broker: RedisServer
-    nodes: RedisNodes
-    observer_server: RedisServer
-    observer: redis.Redis
-    client: Celery
-
-
 StartWorkers = Callable[..., list[Worker]]
-
-
-@pytest.fixture
-def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisNodes) -> Iterator[Stack]:
-    broker = redis_server_factory()
-    observer_server = redis_server_factory()
-    client = Celery(
-        "celery_workers_client", broker=broker.url, backend=broker.url, set_as_current=False
-    )
-    client.conf.broker_connection_retry_on_startup = True
-    try:
-        yield Stack(
-            broker=broker,
-            nodes=redis_nodes,
-            observer_server=observer_server,
-            observer=observer_server.client(decode_responses=True),
-            client=client,
-        )
-    finally:
-        free_results()
-        client.close()
 
 
 @pytest.fixture
@@ -98,118 +66,23 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
     Every worker's process group is SIGKILLed at teardown, whatever the test did.
     """
     workers: list[Worker] = []
-    env = dict(os.environ)
-    env.update(
-        BROKER_URL=stack.broker.url,
-        REDLOCK_NODES=",".join(stack.nodes.urls),
-        OBSERVER_URL=stack.observer_server.url,
-    )
+    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
 
     def start(count: int = 1, pool: str = "prefork", concurrency: int = 2) -> list[Worker]:
-        started = []
-        for _ in range(count):
-            name = f"w{len(workers) + 1}"
-            worker = Worker.worker(
-                "workerapp",
-                name=name,
-                pool=pool,
-                concurrency=concurrency,
-                log_path=tmp_path / f"{name}.log",
-                cwd=TESTS_DIR,
-                env=env,
-                pythonpath=[TESTS_DIR, CHECKOUT],
-            )
-            workers.append(worker)
-            started.append(worker)
-        wait_all_ready(started, READY_TIMEOUT)
+        names = [f"w{len(workers) + i + 1}" for i in range(count)]
+        started = launch_workers(
+            "workerapp", names, tmp_path, env, pool=pool, concurrency=concurrency
+        )
+        workers.extend(started)
         return started
 
     try:
         yield start
     finally:
-        for worker in workers:
-            worker.kill()
-        for worker in workers:  # shown only when the test failed
-            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
-
-
-# -- what the observer saw --------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class Interval:
-    task_id: str
-    pid: int
-    start: int  # monotonic ns
-    end: int
-
-
-def intervals(observer: redis.Redis, counter: str) -> list[Interval]:
-    found = []
-    for entry in observer.lrange(f"intervals:{counter}", 0, -1):
-        task_id, pid, start, end = _text(entry).split()
-        found.append(Interval(task_id, int(pid), int(start), int(end)))
-    return sorted(found, key=lambda i: i.start)
-
-
-def starts(observer: redis.Redis, counter: str) -> list[tuple[str, int, int]]:
-    """``(task_id, pid, start_ns)`` of every body that began, in order."""
-    found = []
-    for entry in observer.lrange(f"starts:{counter}", 0, -1):
-        task_id, pid, start = _text(entry).split()
-        found.append((task_id, int(pid), int(start)))
-    return found
-
-
-def overlaps(spans: Sequence[Interval]) -> list[tuple[Interval, Interval]]:
-    """Pairs of bodies that ran at the same time (each later one with the span it
-    entered): empty when the spans are disjoint."""
-    found: list[tuple[Interval, Interval]] = []
-    latest: Optional[Interval] = None
-    for span in sorted(spans, key=lambda i: i.start):
-        if latest is not None and span.start < latest.end:
-            found.append((latest, span))
-        if latest is None or span.end > latest.end:
-            latest = span
-    return found
-
-
-def max_occupancy(observer: redis.Redis, counter: str) -> int:
-    return int(observer.get(f"max:{counter}") or 0)
-
-
-def runs(observer: redis.Redis, counter: str) -> dict[str, int]:
-    return {_text(k): int(v) for k, v in observer.hgetall(f"runs:{counter}").items()}
-
-
-def effects(observer: redis.Redis, counter: str) -> dict[str, int]:
-    return {_text(k): int(v) for k, v in observer.hgetall(f"effects:{counter}").items()}
+        stop_workers(workers)
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def wait_all(results: Sequence[AsyncResult], timeout: float) -> None:
-    """Wait for every result to be ready (any state), within one overall deadline."""
-    deadline = time.monotonic() + timeout
-    for result in results:
-        left = deadline - time.monotonic()
-        assert left > 0, f"{result.id} not ready in {timeout}s (state {result.state})"
-        result.get(timeout=left, propagate=False)
-
-
-def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened within {timeout}s: {what}"
-        time.sleep(0.02)
 
 
 def started_pid(stack: Stack, counter: str, task_id: str, timeout: float = 30) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 (SQLite) with :class:`RedlockDatabaseScheduler`, and one real worker; each tick runs
 exactly once.
 
-The project is tests/djangoproj (settings from the environment). The schedule is
+The project is tests/apps/djangoproj (settings from the environment). The schedule is
 migrated into a temporary SQLite file and given one entry, an IntervalSchedule of
 2 s, in a subprocess: Django's settings are process-wide, so this process never
 sets Django up. What ran is judged from the observer Redis only.
@@ -19,16 +19,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from observe import settles
 
 from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServerFactory, wait_all_ready
+from tests.support.observe import settles
 
 pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
 
 pytestmark = pytest.mark.slow
 
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
+#: The Django project runs as a top-level package, ``djangoproj``, as a user's would.
+APPS_DIR = CHECKOUT / "tests" / "apps"
 SCHEDULER = "celery_redlock.contrib.django_celery_beat:RedlockDatabaseScheduler"
 PERIOD = 2
 #: Ticks to see executed before judging (the last one is not judged: a duplicate of
@@ -60,12 +61,10 @@ def test_two_database_beats_send_each_tick_once(
         "BROKER_URL": broker.url,
         "REDLOCK_NODES": ",".join(redis_nodes.urls),
         "OBSERVER_URL": observer_server.url,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(CHECKOUT)]),
+        "PYTHONPATH": os.pathsep.join([str(APPS_DIR), str(CHECKOUT)]),
     }
     subprocess.run([sys.executable, "-c", SETUP], env=env, check=True, timeout=120)
-    worker = CeleryProcess.worker(
-        "djangoproj", log_path=tmp_path / "w1.log", cwd=TESTS_DIR, env=env
-    )
+    worker = CeleryProcess.worker("djangoproj", log_path=tmp_path / "w1.log", cwd=APPS_DIR, env=env)
     beats = [
         CeleryProcess.beat(
             "djangoproj",
@@ -73,7 +72,7 @@ def test_two_database_beats_send_each_tick_once(
             scheduler=SCHEDULER,
             log_path=tmp_path / f"{name}.log",
             pidfile=tmp_path / f"{name}.pid",
-            cwd=TESTS_DIR,
+            cwd=APPS_DIR,
             env=env,
         )
         for name in ("beat1", "beat2")

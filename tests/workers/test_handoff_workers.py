@@ -2,7 +2,7 @@
 eventlet workers.
 
 Two ``celery worker`` subprocesses (celery_redlock.testing.CeleryProcess) run
-tests/handoffapp.py against a real Redis broker, 5 real lock nodes and a third Redis,
+tests/apps/handoffapp.py against a real Redis broker, 5 real lock nodes and a third Redis,
 the observer, that the task bodies report to. Safety is judged from the observer
 (occupancy, body intervals, runs per task id), never from the lock's own word: every
 task's body runs exactly once, two are never inside at once, every caller's
@@ -23,31 +23,28 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import test_celery_workers
 from celery.result import AsyncResult
-from test_celery_workers import (
+
+from celery_redlock.testing import CeleryProcess
+from tests.support.workers import (
     Interval,
     Stack,
+    app_env,
     intervals,
+    launch_workers,
     max_occupancy,
     overlaps,
     runs,
+    started_at,
     starts,
+    stop_workers,
     wait_all,
 )
-from test_pools import started_at
 
-from celery_redlock.testing import CeleryProcess, wait_all_ready
-
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
-READY_TIMEOUT = 60.0
 #: Same-key tasks per run, and each body's length (s).
 TASKS, BODY = 12, 0.1
 
 pytestmark = pytest.mark.slow
-
-stack = test_celery_workers.stack
 
 StartWorkers = Callable[[], list[CeleryProcess]]
 
@@ -56,38 +53,10 @@ def start_workers(
     stack: Stack, log_dir: Path, pool: str = "prefork", concurrency: int = 2
 ) -> list[CeleryProcess]:
     """Two ready ``celery worker`` processes of ``pool``; SIGKILL them when done."""
-    env = dict(os.environ)
-    env.update(
-        BROKER_URL=stack.broker.url,
-        REDLOCK_NODES=",".join(stack.nodes.urls),
-        OBSERVER_URL=stack.observer_server.url,
+    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
+    return launch_workers(
+        "handoffapp", ["w1", "w2"], log_dir, env, pool=pool, concurrency=concurrency
     )
-    started = [
-        CeleryProcess.worker(
-            "handoffapp",
-            name=name,
-            pool=pool,
-            concurrency=concurrency,
-            log_path=log_dir / f"{name}.log",
-            cwd=TESTS_DIR,
-            env=env,
-            pythonpath=[TESTS_DIR, CHECKOUT],
-        )
-        for name in ("w1", "w2")
-    ]
-    try:
-        wait_all_ready(started, READY_TIMEOUT)
-    except BaseException:
-        stop_workers(started)
-        raise
-    return started
-
-
-def stop_workers(started: Sequence[CeleryProcess]) -> None:
-    for worker in started:
-        worker.kill()
-    for worker in started:  # shown only when the test failed
-        print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """RedlockTask in every worker pool: prefork, solo, threads, gevent and eventlet.
 
 Real ``celery worker`` subprocesses (started through the public launcher
-:class:`celery_redlock.testing.CeleryProcess`) run tests/poolapp.py against a real Redis
+:class:`celery_redlock.testing.CeleryProcess`) run tests/apps/poolapp.py against a real Redis
 broker, 5 real lock nodes and a third Redis, the observer, that the task bodies report
 to. Safety is judged from the observer (occupancy, body intervals, heartbeats) and
 from direct reads of the lock nodes, never from the lock's own word.
@@ -25,7 +25,6 @@ Every bound is derived from the TTL (2 s) and event order, not from how fast a l
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,35 +33,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import poolapp
 import pytest
-import test_celery_workers
 from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
-from observe import until
-from test_celery_workers import (  # the observer's readers, shared with those tests
+
+from celery_redlock import LockContended
+from celery_redlock.testing import CeleryProcess, RedisNodes
+from tests.apps import poolapp
+from tests.support.observe import until
+from tests.support.workers import (
+    CHECKOUT,
     Stack,
+    app_env,
     intervals,
+    launch_workers,
     max_occupancy,
     overlaps,
     runs,
-    starts,
+    started_at,
+    stop_workers,
     wait_all,
 )
 
-from celery_redlock import LockContended
-from celery_redlock.testing import CeleryProcess, RedisNodes, wait_all_ready
-
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
-
 pytestmark = pytest.mark.slow
 
-#: The servers of a test: broker, 5 lock nodes, observer (test_celery_workers' fixture).
-stack = test_celery_workers.stack
-
-#: Seconds a worker gets to log "ready." (a loaded 2-core CI machine is slow to fork).
-READY_TIMEOUT = 60.0
 TTL_NS = int(poolapp.TTL * 1e9)
 
 
@@ -104,12 +98,7 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
     """``start(pool, count=, concurrency=, queues=)``: that many ready workers of
     ``pool`` (w1, w2, ...); every one is SIGKILLed at teardown."""
     workers: list[CeleryProcess] = []
-    env = dict(os.environ)
-    env.update(
-        BROKER_URL=stack.broker.url,
-        REDLOCK_NODES=",".join(stack.nodes.urls),
-        OBSERVER_URL=stack.observer_server.url,
-    )
+    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
 
     def start(
         pool: Pool,
@@ -117,32 +106,24 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
         concurrency: Optional[int] = None,
         queues: Sequence[Sequence[str]] = (),
     ) -> list[CeleryProcess]:
-        started = []
-        for i in range(pool.workers if count is None else count):
-            name = f"w{len(workers) + 1}"
-            worker = CeleryProcess.worker(
-                "poolapp",
-                name=name,
-                pool=pool.name,
-                concurrency=pool.concurrency if concurrency is None else concurrency,
-                queues=queues[i] if queues else (),
-                log_path=tmp_path / f"{name}.log",
-                cwd=TESTS_DIR,
-                env=env,
-                pythonpath=[TESTS_DIR, CHECKOUT],
-            )
-            workers.append(worker)
-            started.append(worker)
-        wait_all_ready(started, READY_TIMEOUT)
+        count = pool.workers if count is None else count
+        names = [f"w{len(workers) + i + 1}" for i in range(count)]
+        started = launch_workers(
+            "poolapp",
+            names,
+            tmp_path,
+            env,
+            queues=queues,
+            pool=pool.name,
+            concurrency=pool.concurrency if concurrency is None else concurrency,
+        )
+        workers.extend(started)
         return started
 
     try:
         yield start
     finally:
-        for worker in workers:
-            worker.kill()
-        for worker in workers:  # shown only when the test failed
-            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
+        stop_workers(workers)
 
 
 # -- what the observer saw ------------------------------------------------------------------
@@ -155,22 +136,6 @@ def acquire_times(stack: Stack, counter: str) -> list[float]:
 
 def heartbeats(stack: Stack, counter: str) -> list[int]:
     return [int(ns) for ns in stack.observer.lrange(f"beats:{counter}", 0, -1)]
-
-
-def started_at(stack: Stack, counter: str, result: AsyncResult, timeout: float = 30) -> int:
-    """When ``result``'s body began (monotonic ns); fails at once if the task ended
-    without its body beginning (e.g. the lock round raised)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for task_id, _, start in starts(stack.observer, counter):
-            if task_id == result.id:
-                return start
-        if result.ready():
-            raise AssertionError(
-                f"{result.id} ended {result.state} before its body began: {result.result!r}"
-            )
-        assert time.monotonic() < deadline, f"{result.id} did not begin within {timeout}s"
-        time.sleep(0.02)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -353,9 +318,9 @@ def test_herd_of_50_greenlets_starting_at_once_sees_no_false_outage(
 
 
 def run_green_rounds(*args: str) -> dict[str, Any]:
-    """Run tests/green_rounds.py in a process of its own; its JSON report."""
+    """Run tests/apps/green_rounds.py in a process of its own; its JSON report."""
     done = subprocess.run(
-        [sys.executable, str(TESTS_DIR / "green_rounds.py"), *args],
+        [sys.executable, str(CHECKOUT / "tests" / "apps" / "green_rounds.py"), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,24 +7,12 @@ own. Skipped only when the rabbitmq-server binary is missing (CI installs it).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from celery import Celery
-from test_celery_workers import (
-    CHECKOUT,
-    READY_TIMEOUT,
-    TESTS_DIR,
-    effects,
-    intervals,
-    max_occupancy,
-    overlaps,
-    runs,
-    wait_all,
-)
 
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import (
@@ -34,6 +22,18 @@ from celery_redlock.testing import (
     RedisServerFactory,
     find_rabbitmq_server,
     wait_all_ready,
+)
+from tests.support.workers import (
+    READY_TIMEOUT,
+    app_env,
+    app_process,
+    effects,
+    intervals,
+    max_occupancy,
+    overlaps,
+    runs,
+    stop_workers,
+    wait_all,
 )
 
 pytestmark = [
@@ -63,22 +63,10 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
     backend = redis_server_factory()
     observer_server = redis_server_factory()
     observer = observer_server.client(decode_responses=True)
-    env = {
-        **os.environ,
-        "BROKER_URL": rabbitmq.url,
-        "BACKEND_URL": backend.url,
-        "REDLOCK_NODES": ",".join(redis_nodes.urls),
-        "OBSERVER_URL": observer_server.url,
-    }
+    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
     workers = [
         CeleryProcess.worker(
-            "workerapp",
-            name=name,
-            concurrency=2,
-            log_path=tmp_path / f"{name}.log",
-            cwd=TESTS_DIR,
-            env=env,
-            pythonpath=[TESTS_DIR, CHECKOUT],
+            name=name, concurrency=2, **app_process("workerapp", tmp_path / f"{name}.log", env)
         )
         for name in ("w1", "w2")
     ]
@@ -120,7 +108,4 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
         assert effects(observer, "skip") == {holder.id: 1}  # the skipped body never ran
     finally:
         client.close()
-        for worker in workers:
-            worker.kill()
-        for worker in workers:
-            print(f"--- {worker.name} log tail ---\n{worker.tail(40)}")
+        stop_workers(workers)

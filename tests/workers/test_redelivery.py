@@ -1,6 +1,6 @@
 """Celery redelivery and exit rows in real ``celery worker`` subprocesses (prefork).
 
-Two workers, ``-c 1`` each, run tests/redeliveryapp.py against a real Redis broker
+Two workers, ``-c 1`` each, run tests/apps/redeliveryapp.py against a real Redis broker
 whose ``visibility_timeout`` is 2 s, 3 real lock nodes and an observer Redis the task
 bodies report to (occupancy, executions per task id, monotonic intervals): safety is
 judged from the observer and from the lock nodes themselves, never from the lock's
@@ -22,20 +22,16 @@ test_celery_workers.py and not repeated here.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-import redeliveryapp
 import redis
-from appfixture import free_results
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.result import AsyncResult
@@ -43,13 +39,13 @@ from celery.result import AsyncResult
 from celery_redlock import QuorumUnavailable, Redlock
 from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, wait_all_ready
 from celery_redlock.testing.children import process_state
+from tests.apps import redeliveryapp
+from tests.support.appfixture import free_results
+from tests.support.workers import READY_TIMEOUT, app_env, app_process, eventually, stop_workers
 from tools.faultlab.evidence import RecordingClock
 
 pytestmark = pytest.mark.slow
 
-TESTS_DIR = Path(__file__).resolve().parent
-CHECKOUT = TESTS_DIR.parent
-READY_TIMEOUT = 60.0
 #: Redis expiry is kept in whole milliseconds: allow this much rounding, in ns.
 EXPIRY_SLACK_NS = 2_000_000
 #: Scheduling slack on a loaded 2-core machine, seconds.
@@ -73,18 +69,6 @@ class Stack:
     workers: list[Worker]
 
 
-def _spawn(name: str, env: dict[str, str], log_path: Path) -> Worker:
-    return Worker.worker(
-        "redeliveryapp",
-        name=name,
-        concurrency=1,
-        log_path=log_path,
-        cwd=TESTS_DIR,
-        env=env,
-        pythonpath=[TESTS_DIR, CHECKOUT],
-    )
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("redelivery")
@@ -93,13 +77,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         RedisServer() as observer_server,
         RedisNodes(3) as nodes,
     ):
-        env = dict(os.environ)
-        env.update(
-            BROKER_URL=broker.url,
-            REDLOCK_NODES=",".join(nodes.urls),
-            OBSERVER_URL=observer_server.url,
-        )
-        workers = [_spawn(name, env, logs / f"{name}.log") for name in ("w1", "w2")]
+        env = app_env(broker.url, nodes, observer_server.url)
+        workers = [
+            Worker.worker(
+                name=name, concurrency=1, **app_process("redeliveryapp", logs / f"{name}.log", env)
+            )
+            for name in ("w1", "w2")
+        ]
         client = Celery("redelivery_client", broker=broker.url, backend=broker.url)
         client.conf.broker_connection_retry_on_startup = True
         try:
@@ -115,10 +99,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         finally:
             free_results()
             client.close()
-            for worker in workers:
-                worker.kill()
-            for worker in workers:  # shown only when a test failed
-                print(f"--- {worker.name} log tail ---\n{worker.tail()}")
+            stop_workers(workers, lines=30)
 
 
 # -- what the observer and the nodes saw ------------------------------------------------------
@@ -154,16 +135,6 @@ def runs(stack: Stack, counter: str) -> dict[str, int]:
 
 def max_occupancy(stack: Stack, counter: str) -> int:
     return int(stack.observer.get(f"max:{counter}") or 0)
-
-
-def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened within {timeout}s: {what}"
-        time.sleep(0.02)
 
 
 def started(stack: Stack, counter: str, task_id: str, timeout: float = 30) -> tuple[int, int]:
