@@ -1,6 +1,7 @@
 """The Celery app that test_beat's real ``celery beat`` and ``celery worker`` run.
 
-Configured from the environment:
+Configured from the environment (read by tests/apps/factory.py, whose observer
+client it uses):
 
 - ``BROKER_URL``: the broker (a redis-server of the test's own);
 - ``REDLOCK_NODES``: the lock nodes, comma-separated Redis URLs;
@@ -16,16 +17,12 @@ beat set) on the list ``runs``.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
-import redis
 from celery import Celery
 
-BROKER_URL = os.environ.get("BROKER_URL", "redis://127.0.0.1:6379/0")
-OBSERVER_URL = os.environ.get("OBSERVER_URL", BROKER_URL)
-REDLOCK_NODES = [
-    url.strip() for url in os.environ.get("REDLOCK_NODES", BROKER_URL).split(",") if url.strip()
-]
+from tests.apps.factory import BROKER_URL, REDLOCK_NODES, observer
+
 INTERVAL = float(os.environ.get("BEAT_INTERVAL", "1"))
 ENTRY = "count"
 
@@ -39,15 +36,6 @@ app.conf.update(
     redlock_node_timeout=0.25,
     beat_schedule={ENTRY: {"task": "beatapp.count", "schedule": INTERVAL}},
 )
-
-_observer: Optional[redis.Redis] = None
-
-
-def observer() -> redis.Redis:
-    global _observer
-    if _observer is None:
-        _observer = redis.Redis.from_url(OBSERVER_URL, decode_responses=True)
-    return _observer
 
 
 def _count(self: Any) -> None:

@@ -1,9 +1,8 @@
 """The Celery app that the ``celery worker`` subprocesses of test_redelivery run.
 
-Configured from the environment like tests/apps/workerapp.py (``BROKER_URL``,
-``REDLOCK_NODES``, ``OBSERVER_URL``), and its task bodies are workerapp's
-:func:`workerapp.occupy`: they report occupancy, executions per task id and
-monotonic intervals to the observer Redis, which the lock never sees.
+Made by tests/apps/factory.py, like tests/apps/workerapp.py, and its task bodies are
+workerapp's (:func:`~tests.apps.factory.occupy`): they report occupancy, executions
+per task id and monotonic intervals to the observer Redis, which the lock never sees.
 
 What differs from workerapp is the broker: the Redis transport's
 ``visibility_timeout`` is 2 s, and unacked messages are swept every second (kombu
@@ -18,21 +17,23 @@ unacked message too, and one held past the visibility timeout would be duplicate
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
-from celery import Celery
+from tests.apps import factory
+from tests.apps.factory import occupy_task, worker_app
 
-from tests.apps.workerapp import BROKER_URL, KEY_PREFIX, KEY_TEMPLATE, REDLOCK_NODES, occupy_task
-
+#: Every task below locks ``redlock:hold:{tag}``, as workerapp's do.
+KEY_TEMPLATE = "hold:{tag}"
 #: Seconds an unacked message stays invisible before the broker hands it out again.
 VISIBILITY_TIMEOUT = 2
 #: Lock retry pacing (seconds): far below the visibility timeout.
 RETRY_BACKOFF = 0.05
 RETRY_BACKOFF_MAX = 0.3
 
-app = Celery("redeliveryapp", broker=BROKER_URL, backend=BROKER_URL, set_as_current=False)
-app.conf.update(
-    broker_connection_retry_on_startup=True,
+app = worker_app(
+    "redeliveryapp",
+    RETRY_BACKOFF,
+    RETRY_BACKOFF_MAX,
     broker_transport_options={
         "visibility_timeout": VISIBILITY_TIMEOUT,
         "unacked_restore_interval": 1,
@@ -40,21 +41,14 @@ app.conf.update(
     },
     worker_prefetch_multiplier=1,
     task_create_missing_queues=True,
-    redlock_nodes=REDLOCK_NODES,
-    redlock_key_prefix=KEY_PREFIX,
-    redlock_retry_backoff=RETRY_BACKOFF,
-    redlock_retry_backoff_max=RETRY_BACKOFF_MAX,
-    redlock_max_retries=10_000,
 )
 
 
-def lock_key(tag: str) -> str:
-    """The lock key every task here takes for ``tag``."""
-    return f"{KEY_PREFIX}:{KEY_TEMPLATE.format(tag=tag)}"
+#: The lock key every task here takes for a tag.
+lock_key = partial(factory.lock_key, KEY_TEMPLATE)
 
 
-def _occupy_task(name: str, **options: Any) -> Any:
-    return occupy_task(app, "redeliveryapp", name, **options)
+_occupy_task = partial(occupy_task, app, key_template=KEY_TEMPLATE)
 
 
 #: Retries while the key is held; a 2 s lease renewed by the watchdog.
