@@ -18,7 +18,7 @@ if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 
 import celery_redlock.testing  # noqa: E402
-from celery_redlock.testing import RedisNodes  # noqa: E402
+from celery_redlock.testing import RedisNodes, RedisServer  # noqa: E402
 from tests.support.tls_acl import Certs, TLSNode, make_certs, start_tls_node, tls_binary  # noqa: E402
 
 
@@ -62,6 +62,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(celery_redlock.testing, "celery_redlock")
 
 
+@pytest.fixture
+def broker(redis_server_factory: Any) -> RedisServer:
+    """A Redis of the test's own for the broker and result backend."""
+    server: RedisServer = redis_server_factory()
+    return server
+
+
 # -- TLS nodes and ACL users (tests/support/tls_acl.py) -----------------------------------
 
 
@@ -102,15 +109,16 @@ def tls(tls_nodes: list[TLSNode]) -> list[TLSNode]:
 
 
 @pytest.fixture(scope="module")
-def acl_cluster() -> Iterator[RedisNodes]:
+def module_nodes() -> Iterator[RedisNodes]:
+    """Three lock nodes kept for all the tests of one module (each test empties them)."""
     with RedisNodes(3) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def acl_nodes(acl_cluster: RedisNodes) -> RedisNodes:
+def acl_nodes(module_nodes: RedisNodes) -> RedisNodes:
     """Three nodes with no user but ``default``, no keys and no scripts loaded."""
-    for server in acl_cluster:
+    for server in module_nodes:
         admin = server.client()
         admin.flushall()
         admin.script_flush()  # no scripts left loaded by another user's handshake
@@ -118,4 +126,4 @@ def acl_nodes(acl_cluster: RedisNodes) -> RedisNodes:
             name = user.decode() if isinstance(user, bytes) else str(user)
             if name != "default":
                 admin.acl_deluser(name)
-    return acl_cluster
+    return module_nodes

@@ -23,17 +23,8 @@ from celery_redlock.asyncio import AsyncRedlock
 from celery_redlock.lock.wake import wake_channel
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.observe import until
-from tests.support.tls_acl import MINIMAL_ACL, set_user
-from tests.support.wake import (
-    HANG_GUARD,
-    NEVER,
-    NODE_TIMEOUT,
-    WAKE_ACL,
-    denied_pubsub,
-    evalsha_calls,
-    hold_until_waited,
-    subscribed,
-)
+from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
+from tests.support.wake import HANG_GUARD, NEVER, NODE_TIMEOUT, hold_until_waited, subscribed
 
 
 async def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:

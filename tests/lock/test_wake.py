@@ -27,14 +27,11 @@ import redis
 from celery_redlock import ConfigurationError, Redlock
 from celery_redlock.lock.wake import wake_channel
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
-from tests.support.tls_acl import MINIMAL_ACL, set_user
+from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
 from tests.support.wake import (
     HANG_GUARD,
     NEVER,
     NODE_TIMEOUT,
-    WAKE_ACL,
-    denied_pubsub,
-    evalsha_calls,
     hold_until_waited,
     subscribed,
     wait_for,

@@ -50,17 +50,11 @@ HOLDER = "task-1@worker-a:42"
 LOCK_TTL = 30.0
 
 
-@pytest.fixture(scope="module")
-def shared_nodes() -> Iterator[RedisNodes]:
-    with RedisNodes(3) as cluster:
-        yield cluster
-
-
 @pytest.fixture
-def nodes(shared_nodes: RedisNodes) -> RedisNodes:
+def nodes(module_nodes: RedisNodes) -> RedisNodes:
     """Three healthy independent masters, emptied for each test."""
-    shared_nodes.flushall()
-    return shared_nodes
+    module_nodes.flushall()
+    return module_nodes
 
 
 def make_app(urls: list[str]) -> Celery:

@@ -51,12 +51,6 @@ GATE_BOUND = 30.0
 
 
 @pytest.fixture
-def broker(redis_server_factory: Any) -> RedisServer:
-    server: RedisServer = redis_server_factory()
-    return server
-
-
-@pytest.fixture
 def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     app = Celery("redlock_metrics", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.task_create_missing_queues = True

@@ -8,7 +8,7 @@ without TLS: :func:`tls_binary` finds the first TLS-capable binary among
 ``$REDLOCK_REDIS_SERVER``, ``redis-server`` on PATH and /usr/bin/redis-server.
 
 ACL: :data:`MINIMAL_ACL` is what a user limited to the lock prefix needs to lock.
-The fixtures (``certs``, ``tls_nodes``, ``tls``, ``acl_cluster``, ``acl_nodes``) live
+The fixtures (``certs``, ``tls_nodes``, ``tls``, ``module_nodes``, ``acl_nodes``) live
 in tests/conftest.py.
 """
 
@@ -177,6 +177,8 @@ MINIMAL_ACL = (
     "~redlock:*", "+evalsha", "+script|load",
     "+get", "+set", "+exists", "+pttl", "+pexpire", "+del",
 )  # fmt: skip
+#: What the lock's ACL user needs to be woken (SAFETY.md).
+WAKE_ACL = ("+publish", "+subscribe", "+unsubscribe", "&redlock:*")
 
 
 def set_user(cluster: RedisNodes, name: str, password: str, *rules: str) -> list[str]:
@@ -185,3 +187,20 @@ def set_user(cluster: RedisNodes, name: str, password: str, *rules: str) -> list
         admin: Any = server.client()  # execute_command is untyped in redis-py
         admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
     return [f"redis://{name}:{password}@127.0.0.1:{server.port}/0" for server in cluster]
+
+
+def evalsha_calls(admin_urls: list[str]) -> int:
+    """EVALSHA calls the first node has had (INFO commandstats), refused ones included."""
+    client = redis.Redis.from_url(admin_urls[0])
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def denied_pubsub(server: RedisServer) -> set[str]:
+    """What of publish / subscribe (command or channel) the node's ACL LOG refused."""
+    denied = set()
+    for entry in server.client().acl_log(count=128):
+        context, what = str(entry["context"]), str(entry["object"])
+        if what in ("publish", "subscribe") or what.endswith("\x00wake"):
+            denied.add(f"{context}:{what}")
+    return denied

@@ -14,15 +14,12 @@ import redis
 
 from celery_redlock import Redlock
 from celery_redlock.lock.wake import wake_channel
-from celery_redlock.testing import RedisServer
 
 NODE_TIMEOUT = 0.5
-#: An acquire's timeout that polling cannot meet (see the module docstring).
+#: An acquire's timeout that polling cannot meet (see tests/lock/test_wake.py).
 HANG_GUARD = 30.0
 #: retry_delay and holder TTL far past HANG_GUARD: polling never gets there in time.
 NEVER = 3600.0
-#: What the lock's ACL user needs to be woken (SAFETY.md).
-WAKE_ACL = ("+publish", "+subscribe", "+unsubscribe", "&redlock:*")
 
 
 def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
@@ -53,19 +50,3 @@ def hold_until_waited(urls: list[str], key: str, ttl: float, ready: Any, out: An
     ready.set()
     wait_for(subscribed(urls, key))
     out.put(lease.release())
-
-
-def evalsha_calls(admin_urls: list[str]) -> int:
-    client = redis.Redis.from_url(admin_urls[0])
-    stats = client.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-def denied_pubsub(server: RedisServer) -> set[str]:
-    """What of publish / subscribe (command or channel) the node's ACL LOG refused."""
-    denied = set()
-    for entry in server.client().acl_log(count=128):
-        context, what = str(entry["context"]), str(entry["object"])
-        if what in ("publish", "subscribe") or what.endswith("\x00wake"):
-            denied.add(f"{context}:{what}")
-    return denied

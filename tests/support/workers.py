@@ -4,7 +4,7 @@ tests in tests/workers/ (and the beats of tests/tasks/test_beat.py).
 The workers run an app of tests/apps/ (``celery -A tests.apps.<name>``), configured by
 environment variables: ``BROKER_URL``, ``REDLOCK_NODES``, ``OBSERVER_URL``. The
 task bodies report to the observer, a Redis the lock never sees (see
-tests/apps/workerapp.py for what they write there); the readers below turn that into
+tests/apps/factory.py for what they write there); the readers below turn that into
 intervals, runs and occupancy. The ``stack`` fixture is in tests/workers/conftest.py.
 """
 
@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import redis
 from celery import Celery
@@ -23,10 +23,14 @@ from celery.result import AsyncResult
 
 from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, wait_all_ready
 from tests.support.observe import until
+from tests.support.observed import starts
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 #: Seconds a worker gets to log "ready." (a loaded 2-core CI machine is slow to fork).
 READY_TIMEOUT = 60.0
+
+#: ``launch(app, count, **options)``: the ``launch`` fixture (tests/workers/conftest.py).
+Launch = Callable[..., list[CeleryProcess]]
 
 
 # -- the servers of a test, and the workers ------------------------------------------------
@@ -103,63 +107,6 @@ def stop_workers(workers: Sequence[CeleryProcess], lines: int = 40) -> None:
         worker.kill()
     for worker in workers:
         print(f"--- {worker.name} log tail ---\n{worker.tail(lines)}")
-
-
-# -- what the observer saw ------------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class Interval:
-    task_id: str
-    pid: int
-    start: int  # monotonic ns
-    end: int
-
-
-def intervals(observer: redis.Redis, counter: str) -> list[Interval]:
-    found = []
-    for entry in observer.lrange(f"intervals:{counter}", 0, -1):
-        task_id, pid, start, end = _text(entry).split()
-        found.append(Interval(task_id, int(pid), int(start), int(end)))
-    return sorted(found, key=lambda i: i.start)
-
-
-def starts(observer: redis.Redis, counter: str) -> list[tuple[str, int, int]]:
-    """``(task_id, pid, start_ns)`` of every body that began, in order."""
-    found = []
-    for entry in observer.lrange(f"starts:{counter}", 0, -1):
-        task_id, pid, start = _text(entry).split()
-        found.append((task_id, int(pid), int(start)))
-    return found
-
-
-def overlaps(spans: Sequence[Interval]) -> list[tuple[Interval, Interval]]:
-    """Pairs of bodies that ran at the same time (each later one with the span it
-    entered): empty when the spans are disjoint."""
-    found: list[tuple[Interval, Interval]] = []
-    latest: Optional[Interval] = None
-    for span in sorted(spans, key=lambda i: i.start):
-        if latest is not None and span.start < latest.end:
-            found.append((latest, span))
-        if latest is None or span.end > latest.end:
-            latest = span
-    return found
-
-
-def max_occupancy(observer: redis.Redis, counter: str) -> int:
-    return int(observer.get(f"max:{counter}") or 0)
-
-
-def runs(observer: redis.Redis, counter: str) -> dict[str, int]:
-    return {_text(k): int(v) for k, v in observer.hgetall(f"runs:{counter}").items()}
-
-
-def effects(observer: redis.Redis, counter: str) -> dict[str, int]:
-    return {_text(k): int(v) for k, v in observer.hgetall(f"effects:{counter}").items()}
 
 
 def started_at(stack: Stack, counter: str, result: AsyncResult, timeout: float = 30) -> int:

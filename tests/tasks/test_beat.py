@@ -117,6 +117,16 @@ def make_app(nodes: list[str], beat_schedule: dict[str, Any], **conf: Any) -> Ce
     return app
 
 
+def every_second(nodes: list[str], caplog: pytest.LogCaptureFixture) -> tuple[Clock, Celery]:
+    """A fake clock at EPOCH and an app whose one entry, ``second``, is due every
+    second of it; the beat's INFO lines captured."""
+    caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
+    clock = Clock(EPOCH)
+    return clock, make_app(
+        nodes, {"second": {"task": "t", "schedule": schedule(1.0, nowfun=clock)}}
+    )
+
+
 @dataclass
 class Simulation:
     """Beats started at given fake times, ticked in time order like ``celery beat``."""
@@ -246,12 +256,7 @@ def test_interval_beats_started_at_different_times_each_claim_every_bucket_once(
 def test_a_slow_send_does_not_push_the_next_look_past_the_boundary(
     redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
-    clock = Clock(EPOCH)
-    app = make_app(
-        redis_nodes.urls,
-        {"second": {"task": "t", "schedule": schedule(1.0, nowfun=clock)}},
-    )
+    clock, app = every_second(redis_nodes.urls, caplog)
 
     class SlowPublisher(UnitScheduler):
         def apply_async(self, entry: Any, *args: Any, **kwargs: Any) -> None:
@@ -301,12 +306,7 @@ def test_sent_message_carries_the_tick_and_the_lock_key_names_entry_and_tick(
 def test_a_tick_is_not_sent_when_the_lock_nodes_lose_quorum(
     redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger=BEAT_LOGGER)
-    clock = Clock(EPOCH)
-    app = make_app(
-        redis_nodes.urls,
-        {"second": {"task": "t", "schedule": schedule(1.0, nowfun=clock)}},
-    )
+    clock, app = every_second(redis_nodes.urls, caplog)
     sim = Simulation(clock, lambda: UnitScheduler(app), caplog)
     sim.run({"a": EPOCH + 0.5}, until=EPOCH + 2.5)
     for node in redis_nodes[:3]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,15 +24,9 @@ from celery import Celery
 from celery_redlock import LockContended, QuorumUnavailable, Redlock, RedlockTask
 from celery_redlock.skipped import is_skipped
 from celery_redlock.testing import RedisNodes
-from tests.support.appfixture import Recorder, recording
+from tests.support.appfixture import Recorder
 
 pytestmark = pytest.mark.parametrize("propagates", [False, True], ids=["stored", "raised"])
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with recording() as rec:
-        yield rec
 
 
 #: For the app and the test's own holders: healthy nodes answer well within it, loaded or not.

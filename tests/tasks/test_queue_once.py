@@ -18,12 +18,6 @@ QUEUE = "q1"
 
 
 @pytest.fixture
-def broker(redis_server_factory: Any) -> RedisServer:
-    server: RedisServer = redis_server_factory()
-    return server
-
-
-@pytest.fixture
 def app(broker: RedisServer, redis_nodes: RedisNodes) -> Celery:
     app = Celery("queue_once", broker=broker.url, backend=broker.url, set_as_current=False)
     app.conf.redlock_nodes = redis_nodes.urls

@@ -22,7 +22,7 @@ from celery.result import AsyncResult
 from celery_redlock import LockContended, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import RedisNodes, RedisServer
-from tests.support.appfixture import Recorder, gate_wait, recording, worker_test_app
+from tests.support.appfixture import Recorder, gate_wait, worker_test_app
 
 #: Only guards against a hang: every wait here ends in well under a second when right.
 HANG_GUARD = 30.0
@@ -88,12 +88,6 @@ def tasks(app: Celery) -> dict[str, Any]:
 def worker(app: Celery, tasks: dict[str, Any]) -> Iterator[Any]:
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False) as w:
         yield w
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with recording() as rec:
-        yield rec
 
 
 @contextmanager

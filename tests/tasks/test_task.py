@@ -29,20 +29,8 @@ from celery_redlock import (
 )
 from celery_redlock.skipped import is_skipped
 from celery_redlock.testing import RedisNodes, RedisServer
-from tests.support.appfixture import Recorder, gate_wait, recording, worker_test_app
+from tests.support.appfixture import Recorder, gate_wait, worker_test_app
 from tests.support.observe import until
-
-
-@pytest.fixture
-def recorder() -> Iterator[Recorder]:
-    with recording() as rec:
-        yield rec
-
-
-@pytest.fixture
-def broker(redis_server_factory: Any) -> RedisServer:
-    server: RedisServer = redis_server_factory()
-    return server
 
 
 @pytest.fixture

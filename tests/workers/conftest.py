@@ -1,15 +1,18 @@
-"""Fixtures of the real-worker tests: the servers of one test (tests/support/workers.py)."""
+"""Fixtures of the real-worker tests: the servers of one test and its workers
+(tests/support/workers.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_redlock.testing import RedisNodes, RedisServerFactory
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServerFactory
 from tests.support.appfixture import free_results
-from tests.support.workers import Stack
+from tests.support.workers import Launch, Stack, app_env, launch_workers, stop_workers
 
 
 @pytest.fixture
@@ -32,3 +35,24 @@ def stack(redis_server_factory: RedisServerFactory, redis_nodes: RedisNodes) -> 
     finally:
         free_results()
         client.close()
+
+
+@pytest.fixture
+def launch(stack: Stack, tmp_path: Path) -> Iterator[Launch]:
+    """``launch(app, count, **options)``: that many more ready workers of
+    ``tests.apps.<app>`` (w1, w2, ... across calls; ``options`` as for
+    :func:`~tests.support.workers.launch_workers`). Every worker's process group is
+    SIGKILLed at teardown, whatever the test did."""
+    workers: list[CeleryProcess] = []
+    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
+
+    def start(app: str, count: int, **options: Any) -> list[CeleryProcess]:
+        names = [f"w{len(workers) + i + 1}" for i in range(count)]
+        started = launch_workers(app, names, tmp_path, env, **options)
+        workers.extend(started)
+        return started
+
+    try:
+        yield start
+    finally:
+        stop_workers(workers)

@@ -16,9 +16,8 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
@@ -28,21 +27,16 @@ from celery_redlock import LockContended
 from celery_redlock.testing import CeleryProcess
 from celery_redlock.testing.children import process_state
 from tests.apps import workerapp
-from tests.support.workers import (
+from tests.support.observed import (
     Interval,
-    Stack,
-    app_env,
     effects,
-    eventually,
     intervals,
-    launch_workers,
     max_occupancy,
     overlaps,
     runs,
     starts,
-    stop_workers,
-    wait_all,
 )
+from tests.support.workers import Launch, Stack, eventually, wait_all
 
 #: Redis expiry is kept in whole milliseconds: allow this much rounding, in ns.
 EXPIRY_SLACK_NS = 2_000_000
@@ -60,26 +54,16 @@ StartWorkers = Callable[..., list[Worker]]
 
 
 @pytest.fixture
-def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
+def start_workers(launch: Launch) -> StartWorkers:
     """``start(count, pool=, concurrency=)``: that many ready workers (w1, w2, ...).
 
     Every worker's process group is SIGKILLed at teardown, whatever the test did.
     """
-    workers: list[Worker] = []
-    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
 
     def start(count: int = 1, pool: str = "prefork", concurrency: int = 2) -> list[Worker]:
-        names = [f"w{len(workers) + i + 1}" for i in range(count)]
-        started = launch_workers(
-            "workerapp", names, tmp_path, env, pool=pool, concurrency=concurrency
-        )
-        workers.extend(started)
-        return started
+        return launch("workerapp", count, pool=pool, concurrency=concurrency)
 
-    try:
-        yield start
-    finally:
-        stop_workers(workers)
+    return start
 
 
 # -- helpers -------------------------------------------------------------------------------

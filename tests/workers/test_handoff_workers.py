@@ -26,20 +26,8 @@ import pytest
 from celery.result import AsyncResult
 
 from celery_redlock.testing import CeleryProcess
-from tests.support.workers import (
-    Interval,
-    Stack,
-    app_env,
-    intervals,
-    launch_workers,
-    max_occupancy,
-    overlaps,
-    runs,
-    started_at,
-    starts,
-    stop_workers,
-    wait_all,
-)
+from tests.support.observed import Interval, intervals, max_occupancy, overlaps, runs, starts
+from tests.support.workers import Stack, app_env, launch_workers, started_at, stop_workers, wait_all
 
 #: Same-key tasks per run, and each body's length (s).
 TASKS, BODY = 12, 0.1

@@ -28,9 +28,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
@@ -41,17 +40,12 @@ from celery_redlock import LockContended
 from celery_redlock.testing import CeleryProcess, RedisNodes
 from tests.apps import poolapp
 from tests.support.observe import until
+from tests.support.observed import intervals, max_occupancy, overlaps, runs
 from tests.support.workers import (
     CHECKOUT,
+    Launch,
     Stack,
-    app_env,
-    intervals,
-    launch_workers,
-    max_occupancy,
-    overlaps,
-    runs,
     started_at,
-    stop_workers,
     wait_all,
 )
 
@@ -94,11 +88,9 @@ StartWorkers = Callable[..., list[CeleryProcess]]
 
 
 @pytest.fixture
-def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
+def start_workers(launch: Launch) -> StartWorkers:
     """``start(pool, count=, concurrency=, queues=)``: that many ready workers of
     ``pool`` (w1, w2, ...); every one is SIGKILLed at teardown."""
-    workers: list[CeleryProcess] = []
-    env = app_env(stack.broker.url, stack.nodes, stack.observer_server.url)
 
     def start(
         pool: Pool,
@@ -106,24 +98,15 @@ def start_workers(stack: Stack, tmp_path: Path) -> Iterator[StartWorkers]:
         concurrency: Optional[int] = None,
         queues: Sequence[Sequence[str]] = (),
     ) -> list[CeleryProcess]:
-        count = pool.workers if count is None else count
-        names = [f"w{len(workers) + i + 1}" for i in range(count)]
-        started = launch_workers(
+        return launch(
             "poolapp",
-            names,
-            tmp_path,
-            env,
+            pool.workers if count is None else count,
             queues=queues,
             pool=pool.name,
             concurrency=pool.concurrency if concurrency is None else concurrency,
         )
-        workers.extend(started)
-        return started
 
-    try:
-        yield start
-    finally:
-        stop_workers(workers)
+    return start
 
 
 # -- what the observer saw ------------------------------------------------------------------

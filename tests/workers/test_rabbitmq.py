@@ -16,25 +16,13 @@ from celery import Celery
 
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import (
-    CeleryProcess,
     RabbitMQNode,
     RedisNodes,
     RedisServerFactory,
     find_rabbitmq_server,
-    wait_all_ready,
 )
-from tests.support.workers import (
-    READY_TIMEOUT,
-    app_env,
-    app_process,
-    effects,
-    intervals,
-    max_occupancy,
-    overlaps,
-    runs,
-    stop_workers,
-    wait_all,
-)
+from tests.support.observed import effects, intervals, max_occupancy, overlaps, runs
+from tests.support.workers import app_env, launch_workers, stop_workers, wait_all
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,16 +52,10 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
     observer_server = redis_server_factory()
     observer = observer_server.client(decode_responses=True)
     env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
-    workers = [
-        CeleryProcess.worker(
-            name=name, concurrency=2, **app_process("workerapp", tmp_path / f"{name}.log", env)
-        )
-        for name in ("w1", "w2")
-    ]
+    workers = launch_workers("workerapp", ["w1", "w2"], tmp_path, env, concurrency=2)
     client = Celery("rabbitmq_client", broker=rabbitmq.url, backend=backend.url)
     client.conf.broker_connection_retry_on_startup = True
     try:
-        wait_all_ready(workers, READY_TIMEOUT)
         # Same key, 4 processes: each task runs once, one at a time (retry mode).
         same = [
             client.send_task(

@@ -37,11 +37,13 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.result import AsyncResult
 
 from celery_redlock import QuorumUnavailable, Redlock
-from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer, wait_all_ready
+from celery_redlock.testing import CeleryProcess, RedisNodes, RedisServer
 from celery_redlock.testing.children import process_state
 from tests.apps import redeliveryapp
+from tests.support import observed
 from tests.support.appfixture import free_results
-from tests.support.workers import READY_TIMEOUT, app_env, app_process, eventually, stop_workers
+from tests.support.observed import Interval
+from tests.support.workers import READY_TIMEOUT, app_env, eventually, launch_workers, stop_workers
 from tools.faultlab.evidence import RecordingClock
 
 pytestmark = pytest.mark.slow
@@ -78,16 +80,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         RedisNodes(3) as nodes,
     ):
         env = app_env(broker.url, nodes, observer_server.url)
-        workers = [
-            Worker.worker(
-                name=name, concurrency=1, **app_process("redeliveryapp", logs / f"{name}.log", env)
-            )
-            for name in ("w1", "w2")
-        ]
+        workers = launch_workers("redeliveryapp", ["w1", "w2"], logs, env, concurrency=1)
         client = Celery("redelivery_client", broker=broker.url, backend=broker.url)
         client.conf.broker_connection_retry_on_startup = True
         try:
-            wait_all_ready(workers, READY_TIMEOUT)
             yield Stack(
                 broker,
                 nodes,
@@ -105,36 +101,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 # -- what the observer and the nodes saw ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Interval:
-    task_id: str
-    pid: int
-    start: int  # monotonic ns
-    end: int
-
-
 def intervals(stack: Stack, counter: str) -> list[Interval]:
-    found = []
-    for entry in stack.observer.lrange(f"intervals:{counter}", 0, -1):
-        task_id, pid, start, end = str(entry).split()
-        found.append(Interval(task_id, int(pid), int(start), int(end)))
-    return sorted(found, key=lambda i: i.start)
+    return observed.intervals(stack.observer, counter)
 
 
 def starts(stack: Stack, counter: str) -> list[tuple[str, int, int]]:
-    found = []
-    for entry in stack.observer.lrange(f"starts:{counter}", 0, -1):
-        task_id, pid, start = str(entry).split()
-        found.append((task_id, int(pid), int(start)))
-    return found
+    return observed.starts(stack.observer, counter)
 
 
 def runs(stack: Stack, counter: str) -> dict[str, int]:
-    return {str(k): int(v) for k, v in stack.observer.hgetall(f"runs:{counter}").items()}
+    return observed.runs(stack.observer, counter)
 
 
 def max_occupancy(stack: Stack, counter: str) -> int:
-    return int(stack.observer.get(f"max:{counter}") or 0)
+    return observed.max_occupancy(stack.observer, counter)
 
 
 def started(stack: Stack, counter: str, task_id: str, timeout: float = 30) -> tuple[int, int]:
