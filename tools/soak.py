@@ -6,7 +6,7 @@
 Picks rows 1 (contention), 2 (minority crash, delayed restart), 4 (quorum loss),
 5 (late replies) and 8 (renewal cut off) at random, each trial with its own seed
 drawn from ``--seed`` and fresh redis-servers, for ``--minutes``; the same scenarios
-(tools/faultlab) and the same independent oracle as tests/test_faults.py, with random
+(tools/faultlab) and the same independent oracle as tests/lock/test_faults.py, with random
 sizes. Prints a
 JSON summary (trials per row, acquisitions, overlaps, stale writes, every failing
 trial with the command that replays it) and saves it under tools/soak-results/.
@@ -175,7 +175,7 @@ def soak(
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.soak",
-        description="A longer randomized run of tests/test_faults.py's rows.",
+        description="A longer randomized run of tests/lock/test_faults.py's rows.",
     )
     parser.add_argument("--minutes", type=float, default=2.0, help="how long to run (default 2)")
     parser.add_argument("--seed", type=int, default=None, help="master seed (default: random)")

@@ -1,5 +1,5 @@
 """The fault lab: lock-level fault scenarios and the independent oracle that judges
-them, shared by tests/test_faults.py and ``python -m tools.soak``.
+them, shared by tests/lock/test_faults.py and ``python -m tools.soak``.
 
 - :mod:`.evidence`: what holders record -- their logs, the recording clock, the naive
   fenced store -- and reading it back;

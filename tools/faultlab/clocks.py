@@ -1,5 +1,5 @@
 """Rows 6 and 12 of the fault matrix, clocks under libfaketime: a node whose clock
-runs fast, and holders whose wall clock is an hour off. See tests/test_faults.py for
+runs fast, and holders whose wall clock is an hour off. See tests/lock/test_faults.py for
 what libfaketime fakes and why servers run through an exec wrapper.
 
 Both rows skip (``pytest.skip``) where libfaketime or a faketime-able redis-server is

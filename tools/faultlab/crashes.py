@@ -1,6 +1,6 @@
 """Rows 1-4 of the fault matrix: the contention baseline, then lock nodes killed,
 restarted empty (at once: the negative control the checker must catch; or after the
-TTL) and stopped (quorum loss). See tests/test_faults.py for the matrix."""
+TTL) and stopped (quorum loss). See tests/lock/test_faults.py for the matrix."""
 
 from __future__ import annotations
 

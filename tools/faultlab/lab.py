@@ -2,7 +2,7 @@
 directory), a RowResult (the oracle's report and the row's own expectations), and a
 Fleet of holder processes (``python -m tools.faultlab.holders stream``).
 
-Used by tests/test_faults.py (the Lab's factories are the pytest fixtures) and by
+Used by tests/lock/test_faults.py (the Lab's factories are the pytest fixtures) and by
 ``python -m tools.soak`` (``Lab.standalone()``).
 """
 

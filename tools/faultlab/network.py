@@ -1,6 +1,6 @@
 """Rows 5 and 8 of the fault matrix, faults in the network (FaultProxy): replies
 held past validity (also with the client itself paused mid-round), and a watchdog's
-renewals cut off by blackholed nodes. See tests/test_faults.py for the matrix."""
+renewals cut off by blackholed nodes. See tests/lock/test_faults.py for the matrix."""
 
 from __future__ import annotations
 

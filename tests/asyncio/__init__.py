@@ -1,0 +1,1 @@
+"""AsyncRedlock: the same rules on the event loop."""

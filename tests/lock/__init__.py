@@ -1,0 +1,1 @@
+"""The lock algorithm against real nodes: Redlock, leases, reentry, fencing, wake, watchdog."""

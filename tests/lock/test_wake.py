@@ -1,0 +1,360 @@
+"""A blocked acquire is woken by the holder's release (wake.py), against real
+redis-server processes, with holders in other processes.
+
+No timing assertions. Where a test shows that the waiter was *woken* rather than
+that it polled, the polling path is made unable to finish in time by construction:
+``retry_delay`` and the holder's TTL are far longer than the acquire's timeout, so
+only a heard release (or, for a crashed holder, the TTL bound) can hand it the lock.
+The holder releases only once the waiter's subscription shows on every node
+(``PUBSUB NUMSUB``), so the release cannot fall before it.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+
+from celery_redlock import ConfigurationError, Redlock
+from celery_redlock.lock.wake import wake_channel
+from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
+from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
+from tests.support.wake import (
+    HANG_GUARD,
+    NEVER,
+    NODE_TIMEOUT,
+    hold_until_waited,
+    subscribed,
+    wait_for,
+)
+
+
+def _hold_and_die(urls: list[str], key: str, ttl: float, ready: Any) -> None:
+    lease = Redlock(urls, ttl=ttl, node_timeout=NODE_TIMEOUT).acquire(key, blocking=False)
+    assert lease is not None
+    ready.set()
+    os.kill(os.getpid(), signal.SIGKILL)  # never releases
+
+
+def _waiter(urls: list[str], **kwargs: Any) -> Redlock:
+    options = {"ttl": 10.0, "node_timeout": NODE_TIMEOUT, "retry_delay": NEVER, **kwargs}
+    return Redlock(urls, **options)
+
+
+def test_a_release_in_another_process_wakes_the_blocked_acquire(
+    redis_nodes: RedisNodes,
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    holder = ctx.Process(
+        target=hold_until_waited, args=(redis_nodes.urls, "woken", NEVER, ready, out)
+    )
+    holder.start()
+    try:
+        assert ready.wait(HANG_GUARD)
+        redlock = _waiter(redis_nodes.urls)
+        lease = redlock.acquire("woken", timeout=HANG_GUARD)
+        # Polling would have waited retry_delay (or the holder's hour-long TTL).
+        assert lease is not None
+        assert out.get(timeout=HANG_GUARD) is True  # the holder's release succeeded
+        assert redlock.holder("woken").holder == lease.holder
+        lease.release()
+        redlock.close()
+        # Unsubscribed on the way out, and the connections closed.
+        wait_for(lambda: not subscribed(redis_nodes.urls, "woken")())
+    finally:
+        holder.join(HANG_GUARD)
+
+
+def test_no_timeout_waits_past_retry_count_until_the_holder_releases(
+    redis_nodes: RedisNodes,
+) -> None:
+    waits: list[float] = []
+    released = threading.Event()
+    holder = Redlock(redis_nodes.urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    held = holder.acquire("patient", blocking=False)
+    assert held is not None
+
+    def sleep(seconds: float) -> None:  # an injected sleep: the lock polls through it
+        waits.append(seconds)
+        if len(waits) == 10 and not released.is_set():
+            released.set()
+            assert held.release()
+
+    redlock = Redlock(
+        redis_nodes.urls, ttl=10, node_timeout=NODE_TIMEOUT, retry_count=3,
+        retry_delay=0.001, sleep=sleep,
+    )  # fmt: skip
+    lease = redlock.acquire("patient")  # blocking, timeout=None
+    assert lease is not None and released.is_set()
+    assert len(waits) >= 10  # far past 1 + retry_count attempts
+    lease.release()
+
+
+def test_no_timeout_is_woken_too(redis_nodes: RedisNodes) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    args = (redis_nodes.urls, "forever", NEVER, ready, out)
+    holder = ctx.Process(target=hold_until_waited, args=args)
+    holder.start()
+    try:
+        assert ready.wait(HANG_GUARD)
+        with _waiter(redis_nodes.urls).lock("forever", timeout=None) as lease:
+            assert lease.held
+        assert out.get(timeout=HANG_GUARD) is True
+    finally:
+        holder.join(HANG_GUARD)
+
+
+def test_an_infinite_timeout_is_accepted(redis_nodes: RedisNodes) -> None:
+    redlock = _waiter(redis_nodes.urls)
+    lease = redlock.acquire("inf", timeout=math.inf)
+    assert lease is not None
+    waiting: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: waiting.append(redlock.try_acquire("inf2", timeout=float("inf")))
+    )
+    other = _waiter(redis_nodes.urls).acquire("inf2", blocking=False)
+    assert other is not None
+    thread.start()
+    wait_for(subscribed(redis_nodes.urls, "inf2"))
+    assert other.release()
+    thread.join(HANG_GUARD)
+    assert waiting and waiting[0].held
+    with redlock.lock("inf3", timeout=float("inf")) as held:
+        assert held.held
+    lease.release()
+    waiting[0].release()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "blocking", "says"),
+    [
+        (-1, True, "timeout must be >= 0 seconds, or None / float('inf')"),
+        (-math.inf, True, "timeout must be >= 0 seconds, or None / float('inf')"),
+        (math.nan, True, "timeout must be a finite number of seconds"),
+        ("5", True, "timeout must be a number of seconds"),
+        (True, True, "timeout must be a number of seconds"),
+        (5, False, "needs blocking=True"),
+        (math.inf, False, "needs blocking=True"),
+    ],
+)
+def test_bad_timeouts_are_refused_naming_the_argument(
+    redis_nodes: RedisNodes, timeout: Any, blocking: bool, says: str
+) -> None:
+    redlock = _waiter(redis_nodes.urls)
+    with pytest.raises(ConfigurationError, match=r"timeout") as caught:
+        redlock.acquire("bad", blocking=blocking, timeout=timeout)
+    assert says in str(caught.value)
+
+
+def test_a_crashed_holder_is_taken_after_its_ttl(redis_nodes: RedisNodes) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_and_die, args=(redis_nodes.urls, "crash", 1.5, ready))
+    holder.start()
+    assert ready.wait(HANG_GUARD)
+    holder.join(HANG_GUARD)
+    assert holder.exitcode == -signal.SIGKILL  # it never released
+    # Nobody publishes; the wait is bounded by the holder's TTL, not retry_delay.
+    lease = _waiter(redis_nodes.urls).acquire("crash", timeout=HANG_GUARD)
+    assert lease is not None
+    lease.release()
+
+
+def _blocked(redlock: Redlock, key: Any, got: list[Any]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: got.append(redlock.acquire(key, timeout=HANG_GUARD)))
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["force_release", "set_release", "reentered_release"])
+def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisNodes, how: str) -> None:
+    """An operator's force_release, the release of a set of keys, and the last hold
+    of a re-entered lease publish too (each deletes the key)."""
+    urls = redis_nodes.urls
+    holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    key: Any = ["set:a", "set:b"] if how == "set_release" else f"kind:{how}"
+    held = holder.acquire(key, blocking=False)
+    assert held is not None
+    inner = holder.acquire(key, reentrant=True) if how == "reentered_release" else None
+    got: list[Any] = []
+    wanted = key if isinstance(key, list) else [key]
+    thread = _blocked(_waiter(urls), wanted[::-1], got)
+    for name in wanted:
+        wait_for(subscribed(urls, name))
+    if how == "force_release":
+        assert holder.force_release(key) == len(urls)
+    else:
+        if inner is not None:
+            assert inner.release()  # one hold of two: the key stays, nobody is woken
+        assert held.release()
+    thread.join(HANG_GUARD)
+    assert got and got[0] is not None
+    got[0].release()
+
+
+def _acl_wait(urls: list[str], admin_urls: list[str], key: str) -> tuple[bool, Any]:
+    """Hold ``key`` as the ACL user, block a waiter as the same user, release once
+    the waiter is in its wait; (the release's outcome, the waiter's lease)."""
+    holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    held = holder.acquire(key, blocking=False)
+    assert held is not None
+    got: list[Any] = []
+    waiter = _waiter(urls, retry_delay=0.05)
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(key, timeout=HANG_GUARD)))
+    thread.start()
+    # The holder's acquire, then the waiter refused at least twice: it is waiting.
+    wait_for(lambda: evalsha_calls(admin_urls) >= 3)
+    released = held.release()
+    thread.join(HANG_GUARD)
+    waiter.close()
+    return released, got[0] if got else None
+
+
+def test_a_node_denying_pubsub_still_releases_and_the_waiter_polls(
+    acl_nodes: RedisNodes,
+) -> None:
+    urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL)  # no channels, no pub/sub
+    acl_nodes[0].client().acl_log_reset()
+    released, lease = _acl_wait(urls, acl_nodes.urls, "redlock:wake:denied")
+    assert released is True  # the publish was refused, the release was not
+    assert lease is not None  # got it by polling
+    assert denied_pubsub(acl_nodes[0])  # both were tried, and refused
+    lease.release()
+
+
+def test_an_acl_user_with_channel_rights_is_woken(
+    acl_nodes: RedisNodes,
+) -> None:
+    urls = set_user(acl_nodes, "locker", "pw", *MINIMAL_ACL, *WAKE_ACL)
+    acl_nodes[0].client().acl_log_reset()
+    holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    held = holder.acquire("redlock:wake:allowed", blocking=False)
+    assert held is not None
+    got: list[Any] = []
+    waiter = _waiter(urls)  # retry_delay of an hour: only a heard release is in time
+    thread = threading.Thread(
+        target=lambda: got.append(waiter.acquire("redlock:wake:allowed", timeout=HANG_GUARD))
+    )
+    thread.start()
+    wait_for(subscribed(acl_nodes.urls, "redlock:wake:allowed"))
+    assert held.release()
+    thread.join(HANG_GUARD)
+    assert got and got[0] is not None
+    got[0].release()
+    assert not denied_pubsub(acl_nodes[0])  # nothing of pub/sub was denied
+
+
+#: The herd's guard for every waiter to listen (spawning 6 interpreters on a loaded machine).
+HERD_GUARD = HANG_GUARD * 4
+
+
+def _queue_up(urls: list[str], observer_url: str, key: str, name: str) -> None:
+    redlock = _waiter(urls)
+    observer = redis.Redis.from_url(observer_url)
+    # Past the test's guard for the whole herd to listen, and then for the turns: a
+    # waiter that listened first must not give up while the test still waits for others.
+    lease = redlock.acquire(key, timeout=2 * HERD_GUARD, holder=name)
+    assert lease is not None, name
+    if observer.incr("occupancy") != 1:
+        observer.incr("overlaps")
+    observer.rpush("order", name)
+    observer.decr("occupancy")
+    assert lease.release()
+    redlock.close()
+
+
+def test_many_waiters_each_get_the_key_once_in_turn(redis_nodes: RedisNodes, tmp_path: Any) -> None:
+    waiters = 6
+    with RedisServer() as observer:
+        first = _waiter(redis_nodes.urls, ttl=NEVER).acquire("herd", blocking=False)
+        assert first is not None
+        ctx = multiprocessing.get_context("spawn")
+        procs = [
+            ctx.Process(target=_queue_up, args=(redis_nodes.urls, observer.url, "herd", f"w{i}"))
+            for i in range(waiters)
+        ]
+        for proc in procs:
+            proc.start()
+        # Every waiter listens before the first release: only wakes move them on.
+        wait_for(subscribed(redis_nodes.urls, "herd", waiters), guard=HERD_GUARD)
+        assert first.release()
+        for proc in procs:
+            proc.join(2 * HERD_GUARD)  # each waiter's own timeout
+        assert [proc.exitcode for proc in procs] == [0] * waiters
+        client = observer.client()
+        order = [n.decode() if isinstance(n, bytes) else n for n in client.lrange("order", 0, -1)]
+        assert Counter(order) == {f"w{i}": 1 for i in range(waiters)}
+        assert client.get("overlaps") is None
+
+
+_GREEN_WAIT = """
+import sys, time
+{patch}
+import redis
+from celery_redlock import Redlock
+from celery_redlock.lock.wake import wake_channel
+urls = sys.argv[1:]
+held = Redlock(urls, ttl={never}, node_timeout={node_timeout}).acquire("green", blocking=False)
+assert held is not None, "the holder did not get a free key"
+def release_once_the_waiter_listens():
+    clients = [redis.Redis.from_url(u) for u in urls]
+    give_up = time.monotonic() + {guard}
+    while not all(c.pubsub_numsub(wake_channel("green"))[0][1] >= 1 for c in clients):
+        assert time.monotonic() < give_up, "the waiter never subscribed"
+        {sleep}(0.01)
+    assert held.release(), "the holder's release failed"
+{spawn}(release_once_the_waiter_listens)
+# Only the releasing greenlet can end this wait in time (retry_delay and the holder's
+# TTL are past the timeout): a hub blocked by the wait would never run it.
+waiter = Redlock(urls, ttl=10, node_timeout={node_timeout}, retry_delay={never})
+lease = waiter.acquire("green", timeout={guard})
+print("woken" if lease is not None else "not woken")
+"""
+
+_HUBS = {
+    "gevent": ("from gevent import monkey; monkey.patch_all()\nimport gevent", "gevent"),
+    "eventlet": ("import eventlet; eventlet.monkey_patch()", "eventlet"),
+}
+
+
+@pytest.mark.parametrize("hub", sorted(_HUBS))
+def test_a_green_waiter_lets_the_hub_run_and_is_woken(redis_nodes: RedisNodes, hub: str) -> None:
+    pytest.importorskip(hub, reason=f"{hub} (the test extra) is not installed")
+    patch, module = _HUBS[hub]
+    script = _GREEN_WAIT.format(
+        patch=patch, sleep=f"{module}.sleep", spawn=f"{module}.spawn",
+        never=NEVER, node_timeout=NODE_TIMEOUT, guard=HANG_GUARD,
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, *redis_nodes.urls],
+        capture_output=True, text=True, timeout=HANG_GUARD * 4,  # the waits inside: 2 guards
+    )  # fmt: skip
+    assert done.stdout.strip() == "woken", done.stderr
+
+
+def test_a_sentinel_managed_node_is_heard_at_its_master() -> None:
+    with RedisSentinelGroup(replicas=1, sentinels=1, password="master-secret") as group:
+        holder = Redlock([group.url], ttl=NEVER, node_timeout=NODE_TIMEOUT)
+        held = holder.acquire("sentinel:wake", blocking=False)
+        assert held is not None
+        got: list[Any] = []
+        waiter = _waiter([group.url])  # polling would take an hour
+        thread = _blocked(waiter, "sentinel:wake", got)
+        master = group.master.client()
+        wait_for(lambda: master.pubsub_numsub(wake_channel("sentinel:wake"))[0][1] >= 1)
+        assert held.release()
+        thread.join(HANG_GUARD)
+        assert got and got[0] is not None
+        got[0].release()
+        waiter.close()

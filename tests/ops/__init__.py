@@ -1,0 +1,1 @@
+"""What operators and maintainers run: the CLI, metrics, the demo, benchmarks, the layout."""

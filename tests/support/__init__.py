@@ -1,0 +1,1 @@
+"""Plain helpers the tests import (no fixtures: those live in conftest.py files)."""

@@ -1,0 +1,52 @@
+"""Holders in other processes and what the nodes say about wake-ups, for the wake-up
+tests of both drivers (tests/lock/test_wake.py, tests/asyncio/test_asyncio_wake.py).
+
+No timing claims: :func:`wait_for` waits for an event and fails only past a hang guard.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from celery_redlock import Redlock
+from celery_redlock.lock.wake import wake_channel
+
+NODE_TIMEOUT = 0.5
+#: An acquire's timeout that polling cannot meet (see tests/lock/test_wake.py).
+HANG_GUARD = 30.0
+#: retry_delay and holder TTL far past HANG_GUARD: polling never gets there in time.
+NEVER = 3600.0
+
+
+def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
+    """Wait for ``check`` (an event, not a timing claim); fail past ``guard``."""
+    done = threading.Event()
+    for _ in range(int(guard / 0.01)):
+        if check():
+            return
+        done.wait(0.01)
+    pytest.fail("the condition was never reached")
+
+
+def subscribed(urls: list[str], key: str, count: int = 1) -> Callable[[], bool]:
+    clients = [redis.Redis.from_url(u) for u in urls]
+    channel = wake_channel(key)
+
+    def check() -> bool:
+        return all(c.pubsub_numsub(channel)[0][1] >= count for c in clients)
+
+    return check
+
+
+def hold_until_waited(urls: list[str], key: str, ttl: float, ready: Any, out: Any) -> None:
+    """Another process: take ``key``, say so, release once a waiter listens."""
+    redlock = Redlock(urls, ttl=ttl, node_timeout=NODE_TIMEOUT)
+    lease = redlock.acquire(key, blocking=False, holder="holder-process")
+    assert lease is not None
+    ready.set()
+    wait_for(subscribed(urls, key))
+    out.put(lease.release())

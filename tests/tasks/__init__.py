@@ -1,0 +1,1 @@
+"""The Celery glue with embedded workers: RedlockTask, options, keys, queue once, beat."""

@@ -1,0 +1,1 @@
+"""The test kit, celery_redlock.testing."""

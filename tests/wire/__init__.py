@@ -1,0 +1,1 @@
+"""The wire: RESP, rounds, connections and nodes (TLS, ACL, Sentinel)."""

@@ -1,0 +1,1 @@
+"""Real ``celery worker`` subprocesses: pools, redelivery, hand-off, RabbitMQ, Django beat."""
