@@ -22,5 +22,5 @@
 - ``validate``: every value check, with errors that name the setting.
 
 May import: ``celery_redlock.wire`` and ``celery_redlock.errors``; never Celery
-(``tests/test_layout.py`` enforces it, transitively).
+(``tests/ops/test_layout.py`` enforces it, transitively).
 """

@@ -14,5 +14,5 @@
 
 May import: ``celery_redlock.lock`` (and, through it, ``wire``), ``errors``,
 ``signals``, ``skipped``. Nothing below imports this folder
-(``tests/test_layout.py`` enforces it).
+(``tests/ops/test_layout.py`` enforces it).
 """

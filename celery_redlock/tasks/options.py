@@ -5,7 +5,7 @@ Each :class:`Option` row says the name, the default, the unit, the check
 
 - ``DEFAULTS`` (name -> default) and ``TASK_OPTIONS`` (the names a task may set);
 - :func:`task_options`, which validates raw values into a :class:`TaskOptions`
-  (its fields are the task rows' names without ``redlock_``; tests/test_options.py
+  (its fields are the task rows' names without ``redlock_``; tests/tasks/test_options.py
   checks that the two agree, since the dataclass is spelled out for mypy);
 - the unknown-name checks (:func:`check_setting_names`, :func:`check_task_names`);
 - the ``RedlockTask`` class attributes: task.py installs one :class:`TaskAttribute`
@@ -13,7 +13,7 @@ Each :class:`Option` row says the name, the default, the unit, the check
   doc, so ``help(RedlockTask)`` and IDEs list every option with its meaning; a
   task sets it like any class attribute (``@app.task(base=RedlockTask,
   redlock_ttl=60)``), which shadows it in the task's own class;
-- README's "## Configuration" table (:func:`readme_table`; tests/test_options.py
+- README's "## Configuration" table (:func:`readme_table`; tests/tasks/test_options.py
   fails when README disagrees: paste the function's output to fix it).
 
 Scopes: ``app`` -- an app-wide setting in ``app.conf`` only; ``task`` -- an app-wide

@@ -13,5 +13,5 @@
   eventlet's monkey-patching, and the background threads made from them.
 
 May import: ``celery_redlock.errors`` only. Knows nothing of locks or Celery
-(``tests/test_layout.py`` enforces it).
+(``tests/ops/test_layout.py`` enforces it).
 """

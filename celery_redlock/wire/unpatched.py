@@ -15,7 +15,7 @@ This module never imports gevent or eventlet, and imports nothing from the packa
 
 ``USE_ORIGINALS = False`` makes rounds use whatever the process has (patched,
 cooperative sockets under gevent): kept for measuring the two against each other
-(tests/green_rounds.py), not for production.
+(tests/apps/green_rounds.py), not for production.
 """
 
 from __future__ import annotations
