@@ -35,6 +35,13 @@ the lock ``{redlock_key_prefix}:beat:{entry name}:{tick}`` (one Redlock round):
   the holder. The lock is never released: it expires a little after the next tick
   is due (see :func:`lock_ttl`), long after every beat has evaluated this tick.
 
+What happens when beats race for a tick and split the nodes so that none wins a
+quorum -- with all nodes up, or with a minority down (one of five: the other four
+split 2-2): the round's verdict is a split, not an outage
+(lock/acquire_replies.py), and each beat tries again after a short random pause
+until one wins or ``redlock_beat_claim_timeout`` has passed; only then is the tick
+logged as missed ("no beat won the lock: split between beats").
+
 What happens when the lock nodes lose their quorum (a majority down or hung): no
 beat can win a tick, so none is sent -- never unguarded. Each beat logs one ERROR
 per missed tick ("not sent: lock nodes unavailable"), counts it in

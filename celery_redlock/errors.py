@@ -7,7 +7,8 @@
      |    |                           the message names it and what is accepted
      |    +-- LockKeyError            a task's arguments cannot make a lock key
      |                                (names the task and the argument)
-     +-- LockContended                another holder has the lock (holder, ttl)
+     +-- LockContended                another holder has the lock (holder, ttl), or
+     |    |                           the vote split and nobody has it (split)
      |    +-- AlreadyQueued           a copy of the task is already queued (task_id)
      +-- AlreadyHeld                  this execution holds the key already (no
      |                                reentrant=True): raised at once, never waited on
@@ -52,20 +53,35 @@ class LockContended(RedlockError):
 
     ``holder`` is the holder's description as stored with its token (for a task:
     ``task-id@worker:pid``), ``ttl`` its remaining time to live in seconds as seen
-    by the nodes that refused us (``None`` when unknown).
+    by the nodes that refused us (``None`` when unknown). ``split``: True when no
+    holder had a quorum either -- racing callers split the vote (one node may be
+    down besides) and nobody won; ``holder`` is then one node's word only, and
+    trying again soon is the answer.
     """
 
     # The fields are the exception's args: Celery's result backends rebuild an
     # exception as ``cls(*args)``, so they survive the trip to the caller.
-    def __init__(self, key: str, holder: Optional[str] = None, ttl: Optional[float] = None) -> None:
-        super().__init__(key, holder, ttl)
+    def __init__(
+        self,
+        key: str,
+        holder: Optional[str] = None,
+        ttl: Optional[float] = None,
+        split: bool = False,
+    ) -> None:
+        super().__init__(key, holder, ttl, *((True,) if split else ()))
         self.key = key
         self.holder = holder
         self.ttl = ttl
+        self.split = bool(split)
 
     def __str__(self) -> str:
         who = self.holder or "unknown holder"
         left = f", {self.ttl:.3f}s left" if self.ttl is not None else ""
+        if self.split:
+            return (
+                f"lock {self.key!r}: the vote split, nobody holds a quorum "
+                f"(last refused by {who}{left})"
+            )
         return f"lock {self.key!r} is held by {who}{left}"
 
 

@@ -59,7 +59,7 @@ from ..errors import AlreadyHeld, QuorumUnavailable
 from ..wire.resp import Command
 from ..wire.round import NOT_AWAITED
 from . import scripts, validate
-from .acquire_replies import Attempt, is_granted, why_not
+from .acquire_replies import UNAVAILABLE, Attempt, is_granted, why_not
 from .commands import (
     Keys,
     acquire_command,
@@ -145,7 +145,8 @@ class LockRules:
     ) -> Steps[Attempt[L]]:
         """Attempts until won, or until ``blocking`` / ``timeout`` say to give up
         (``timeout=None`` or ``inf``: until won; ``retry_count`` then bounds only
-        the attempts in a row that reached too few nodes, an outage). Between them
+        the attempts in a row that reached too few nodes, an outage -- never a
+        split vote, see acquire_replies.py). Between them
         a ``Pause``: a driver that hears releases waits for one, at most until the
         holder's lock expires; one that does not polls (``retry_delay`` x random
         0.5..1.5, less when the holder's lock expires sooner). The leases are
@@ -175,7 +176,9 @@ class LockRules:
                 return attempt
             if not blocking:
                 return attempt
-            outages = outages + 1 if attempt.unavailable is not None else 0
+            # Only an outage counts; a split vote (a quorum answered, nobody won) is
+            # contention, however many nodes are down besides.
+            outages = outages + 1 if attempt.verdict == UNAVAILABLE else 0
             if give_up is None and outages > self.settings.retry_count:
                 return attempt  # an outage, not contention: QuorumUnavailable
             pause = self.pause(keys, attempt.holder_ttl, give_up)
@@ -269,7 +272,7 @@ class LockRules:
         return None
 
     def why_not(self, keys: Keys, results: list[object]) -> Attempt[Any]:
-        """Contention or an outage? (acquire_replies.py)"""
+        """Contention, a split vote or an outage? (acquire_replies.py)"""
         return why_not(lease_name(keys), results, self.addresses, self.quorum)
 
     def reenter_steps(

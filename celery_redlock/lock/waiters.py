@@ -13,7 +13,8 @@ Internal keys sit behind a NUL, like the fence counter and the tombstones
 ``<key>\\0waiter\\0<id>`` (the message to publish), ``<key>\\0claim\\0<id>`` (the
 copy id that won). Every one of them expires.
 
-Imports node_set.py, resp.py, scripts.py, commands.py, quorum.py and stored.py only:
+Imports node_set.py, resp.py, scripts.py, commands.py, quorum.py, stored.py and
+acquire_replies.py (the round verdict) only:
 no Celery, no redlock.py.
 """
 
@@ -26,12 +27,14 @@ from typing import NamedTuple, Optional
 from ..wire.node_set import NodeSet
 from ..wire.resp import Command
 from . import scripts
+from .acquire_replies import CONTENDED, GRANTED, UNAVAILABLE, verdict
 from .commands import ms
 from .quorum import is_answer
 from .stored import INTERNAL
 
 __all__ = [
     "CLAIM_LOST",
+    "CLAIM_SPLIT",
     "CLAIM_UNDECIDED",
     "CLAIM_WON",
     "Waiter",
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 CLAIM_WON, CLAIM_LOST, CLAIM_UNDECIDED = "won", "lost", "undecided"
+#: Undecided too, but a quorum answered: the ids split the nodes, no outage.
+CLAIM_SPLIT = "split"
 
 
 def queue_key(key: str) -> str:
@@ -109,22 +114,36 @@ def pop_next(nodes: NodeSet, key: str, timeout: float) -> Optional[Waiter]:
 
 
 def claim_verdict(results: list[object], copy: str, quorum: int) -> str:
-    """What a claim round's replies say for ``copy``: won, lost or undecided.
+    """What a claim round's replies say for ``copy``: won, lost, split or undecided.
 
-    A copy id held by a quorum wins; both copies cannot see that for different ids,
-    because two quorums share a node and a node's claim never changes. When every
-    node answered and no id has a quorum, the id on the most nodes wins, ties going
-    to the smallest: the values are final, so every copy computes the same winner.
-    Otherwise (too few answers to tell) undecided: the copy tries again later.
+    Read with the one round verdict (acquire_replies.py), each reply naming the copy
+    id a node keeps. A copy id held by a quorum wins; both copies cannot see that for
+    different ids, because two quorums share a node and a node's claim never
+    changes. When every node answered and no id has a quorum, the id on the most
+    nodes wins, ties going to the smallest: the values are final, so every copy
+    computes the same winner. Otherwise nobody can tell yet, and the copy tries
+    again later: ``CLAIM_SPLIT`` when a quorum answered (the ids split the nodes,
+    one node down besides: contention, not an outage), ``CLAIM_UNDECIDED`` when too
+    few did (an outage).
     """
-    held = [_text(r) for r in results if is_answer(r) and isinstance(r, (bytes, str))]
-    counts = Counter(held)
-    winner = next((v for v, n in counts.items() if n >= quorum), None)
-    if winner is None and held and len(held) == len(results):
-        winner = min(counts, key=lambda v: (-counts[v], v))
-    if winner is None:
+    judged = verdict(results, quorum, lambda r: _named(r) == copy, _named)
+    if judged == GRANTED:
+        return CLAIM_WON
+    if judged == CONTENDED:
+        return CLAIM_LOST
+    if judged == UNAVAILABLE:
         return CLAIM_UNDECIDED
-    return CLAIM_WON if winner == copy else CLAIM_LOST
+    held = [n for n in map(_named, results) if n is not None]
+    if held and len(held) == len(results):
+        counts = Counter(held)
+        winner = min(counts, key=lambda v: (-counts[v], v))
+        return CLAIM_WON if winner == copy else CLAIM_LOST
+    return CLAIM_SPLIT
+
+
+def _named(reply: object) -> Optional[str]:
+    """The copy id a node's claim reply names, if it names one."""
+    return _text(reply) if is_answer(reply) and isinstance(reply, (bytes, str)) else None
 
 
 class Claim(NamedTuple):

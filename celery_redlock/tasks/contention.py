@@ -1,13 +1,15 @@
 """Telling "someone holds the lock" from "the vote split", by asking again.
 
 A refusal alone does not prove someone holds the lock: when callers race, the vote
-can split so that nobody wins a quorum, and each loser's refusals name another
-loser. A caller that gives up on such a refusal -- a task that skips, an enqueue
-that points at a "queued" copy, a beat that leaves a tick to "another beat" -- drops
-work nobody does. :func:`acquire_confirmed` trusts a holder only when a quorum of
-nodes agrees on it, and otherwise tries again after a short random pause, until a
-deadline. :func:`retry_countdown` says how long a copy that met a held lock waits
-before it tries again, and :func:`verdict` what a task's copy that met it does.
+can split so that nobody wins a quorum (one node may be down besides: the round's
+verdict is then ``SPLIT``, lock/acquire_replies.py, not an outage), and each
+loser's refusals name another loser. A caller that gives up on such a refusal -- a
+task that skips, an enqueue that points at a "queued" copy, a beat that leaves a
+tick to "another beat" -- drops work nobody does. :func:`acquire_confirmed` trusts
+a holder only when a quorum of nodes agrees on it, and otherwise tries again after
+a short random pause, until a deadline. :func:`retry_countdown` says how long a
+copy that met a held lock waits before it tries again, and :func:`verdict` what a
+task's copy that met it does.
 
 Used by task.py, queue_once.py and beat.py. Imports redlock.py, errors.py and (for
 types) options.py: no Celery.
@@ -93,14 +95,20 @@ def acquire_or_contended(
     *,
     retry_unavailable: bool = False,
 ) -> Lease:
-    """Our lease, or ``LockContended`` naming the holder a quorum agrees on (else the
-    last refusal's), after trying for at most ``patience`` seconds."""
+    """Our lease, or ``LockContended`` naming the holder a quorum agrees on, after
+    trying for at most ``patience`` seconds; when none did by then, ``LockContended``
+    with ``split=True`` (and the last refusal's holder, one node's word)."""
     give_up = time.monotonic() + patience
     result = acquire_confirmed(
         redlock, key, ttl, holder, give_up, retry_unavailable=retry_unavailable
     )
     if isinstance(result, Refused):
-        raise LockContended(key, result.holder or result.last.holder, result.ttl or result.last.ttl)
+        raise LockContended(
+            key,
+            result.holder or result.last.holder,
+            result.ttl or result.last.ttl,
+            split=result.holder is None,  # nobody holds a quorum: try again, never drop
+        )
     return result
 
 
@@ -157,13 +165,17 @@ def verdict(
     eager: bool,
     eager_left: Optional[float],
     own_holder: bool,
+    split: bool = False,
 ) -> Verdict:
     """Lock retry ``attempt`` (1-based) of a copy that met a held lock (``outage``: no
-    quorum answered): the task's ``on_contended`` while retries last, then its
-    ``on_retries_exhausted``. ``eager``: the caller waits inline -- an outage fails at
-    once, and the wait ends when ``eager_left`` (seconds, None: its bound has passed)
-    runs out."""
-    action = options.on_contended
+    quorum answered; ``split``: a quorum answered but nobody holds the lock): the
+    task's ``on_contended`` while retries last, then its ``on_retries_exhausted``. A
+    split is always retried -- skipping or failing would drop a copy that nobody
+    runs. ``eager``: the caller waits inline -- an outage fails at once, and the
+    wait ends when ``eager_left`` (seconds, None: its bound has passed) runs out."""
+    if outage and split:
+        raise ValueError("a copy's lock round is an outage or a split vote, not both")
+    action = "retry" if split else options.on_contended
     if action == "retry" and eager and outage:
         action = "fail"  # an outage surfaces at once: the caller is waiting inline
     exhausted = action == "retry" and (

@@ -9,7 +9,9 @@ task.py calls three things here:
   queue itself.
 - :func:`claim_copy` -- a copy carrying a waiter id (a wake or a fallback) claims it
   before anything else: the loser stops storing nothing (``Ignore``: the task id's
-  result is the winner's), an undecided claim is retried with the same ids.
+  result is the winner's), an undecided claim is retried with the same ids (as
+  contention when the copies split a quorum of nodes, as an outage when too few
+  nodes answered).
 - :func:`wake_next` -- after a release, pop the earliest waiter and publish its
   message at once, with a fresh copy id.
 
@@ -25,13 +27,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from celery.exceptions import Ignore, Retry
 from celery.utils import uuid
 from kombu.utils.json import dumps, loads
 
-from ..errors import QuorumUnavailable
+from ..errors import LockContended, QuorumUnavailable
 from ..lock import waiters as handoff
 from ..lock.redlock import Redlock
 from .config import app_config
@@ -48,11 +50,14 @@ def _redlock(task: Any, options: TaskOptions) -> Redlock:
     return app_config(task.app).redlock(options.node_timeout, options.fencing)
 
 
-def claim_copy(task: Any, key: str, options: TaskOptions) -> Optional[QuorumUnavailable]:
+def claim_copy(
+    task: Any, key: str, options: TaskOptions
+) -> Optional[Union[QuorumUnavailable, LockContended]]:
     """Claim the waiter id this copy carries, if any: None to go on (no waiter id, or
-    won); the error naming the silent nodes when the claim is undecided (too few
-    nodes answered). Raises ``Ignore`` when the waiter's other copy won: this one
-    stores nothing."""
+    won); when the claim is undecided, ``LockContended(split=True)`` if a quorum
+    answered (the copies split the nodes: contention, retried), else the
+    ``QuorumUnavailable`` naming the silent nodes. Raises ``Ignore`` when the
+    waiter's other copy won: this one stores nothing."""
     request = task.request
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
     request.redlock_claim_undecided = False
@@ -77,6 +82,8 @@ def claim_copy(task: Any, key: str, options: TaskOptions) -> Optional[QuorumUnav
     if verdict == handoff.CLAIM_WON:
         return None
     request.redlock_claim_undecided = True
+    if verdict == handoff.CLAIM_SPLIT:
+        return LockContended(key, None, None, split=True)
     return QuorumUnavailable(key, errors or {"claim": "too few nodes answered"}, redlock.quorum)
 
 

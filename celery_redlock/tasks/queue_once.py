@@ -77,8 +77,10 @@ def enqueue(
             redlock, key, opts.queued_ttl, task_id, QUEUE_PLACE_PATIENCE, retry_unavailable=True
         )
     except LockContended as exc:
-        if not exc.holder:
-            raise  # no clear answer within the patience: not sent, and the caller knows
+        if exc.split or not exc.holder:
+            # The vote split for the whole patience, nobody holds the place: not sent,
+            # and the caller knows (pointing at a copy that may not exist would drop it).
+            raise
         logger.info(
             "already queued: task %s key %s is queued as %s; not sent again",
             task.name, key, exc.holder,

@@ -242,14 +242,14 @@ class RedlockTask(Task):  # type: ignore[misc]
         worker = request.hostname or socket.gethostname()
         holder = f"{task_id}@{worker}:{os.getpid()}"
         redlock = config.redlock(options.node_timeout, options.fencing)
+        request.redlock_inline_attempts = 0
+        request.redlock_wait_until = None
         request.redlock_skipped = self._redlock_once_per_tick(
             config.key_prefix, options, redlock, holder
         )
         if request.redlock_skipped is not None:
             return
         started = time.monotonic()
-        request.redlock_inline_attempts = 0
-        request.redlock_wait_until = None
         undecided = waiting.claim_copy(self, key, options)  # Ignore: the other copy won
         if undecided is not None:
             request.redlock_skipped = self._redlock_contended(key, options, undecided, None, None)
@@ -313,6 +313,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         except QuorumUnavailable:
             return None  # the run-time lock below meets the same outage and handles it
         except LockContended as exc:
+            if exc.split:  # nobody holds the tick: that it ran is unproven, come back
+                return self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
             if self._is_own_holder(exc.holder):
                 return None
             logger.warning(
@@ -339,18 +341,25 @@ class RedlockTask(Task):  # type: ignore[misc]
         request = self.request
         attempt = self._redlock_retries() + 1
         outage = isinstance(exc, QuorumUnavailable)
+        split = isinstance(exc, LockContended) and exc.split
         eager_left = None
         if request.is_eager and not self._redlock_inline_wait_over(ttl, options.ttl):
             eager_left = request.redlock_wait_until - time.monotonic()
         decided = verdict(
             options, attempt, ttl, outage=outage, eager=request.is_eager,
-            eager_left=eager_left, own_holder=self._is_own_holder(holder),
+            eager_left=eager_left, own_holder=self._is_own_holder(holder), split=split,
         )  # fmt: skip
         action, countdown, then = decided.action, decided.countdown, decided.then
         if outage:
             logger.error(
                 "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
                 self.name, request.id, key, exc, then,
+            )  # fmt: skip
+        elif split:
+            logger.warning(
+                "lock contended: task %s[%s] key %s: vote split, nobody holds a quorum "
+                "(last refused by %s) -> %s",
+                self.name, request.id, key, holder or "unknown", then,
             )  # fmt: skip
         else:
             left = f"{ttl:.1f}s" if ttl is not None else "unknown"

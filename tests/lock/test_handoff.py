@@ -12,6 +12,7 @@ import pytest
 from celery_redlock import Redlock
 from celery_redlock.lock.waiters import (
     CLAIM_LOST,
+    CLAIM_SPLIT,
     CLAIM_UNDECIDED,
     CLAIM_WON,
     claim,
@@ -98,7 +99,9 @@ def test_claim_verdict_rules() -> None:
     error = ConnectionError("down")
     assert claim_verdict([b"a", b"a", error], "a", 2) == CLAIM_WON
     assert claim_verdict([b"a", b"a", error], "b", 2) == CLAIM_LOST
-    assert claim_verdict([b"a", b"b", error], "a", 2) == CLAIM_UNDECIDED
+    # Two nodes answered (a quorum of three), their ids differ: a split, no outage.
+    assert claim_verdict([b"a", b"b", error], "a", 2) == CLAIM_SPLIT
+    assert claim_verdict([b"a", error, error], "a", 2) == CLAIM_UNDECIDED
     # Four nodes split 2-2, all answered: the values are final, the smallest id wins.
     assert claim_verdict([b"a", b"b", b"b", b"a"], "a", 3) == CLAIM_WON
     assert claim_verdict([b"a", b"b", b"b", b"a"], "b", 3) == CLAIM_LOST
