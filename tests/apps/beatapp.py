@@ -7,9 +7,11 @@ client it uses):
 - ``REDLOCK_NODES``: the lock nodes, comma-separated Redis URLs;
 - ``OBSERVER_URL``: a third Redis the task reports to -- the witness the test
   trusts, not the beats' own logs;
-- ``BEAT_INTERVAL``: the period of the one beat entry, seconds (default 1).
+- ``BEAT_INTERVAL``: the period of the beat entries, seconds (default 1);
+- ``BEAT_ENTRIES``: how many entries (default 1): ``count``, then ``count1``,
+  ``count2``... -- several ticks a period, each raced by every beat.
 
-The one entry, ``count``, runs :func:`count`: it INCRs ``executions`` and pushes
+Every entry runs :func:`count`: it INCRs ``executions`` and pushes
 ``"{tick} {entry} {task_id}"`` (tick and entry from the message headers the winning
 beat set) on the list ``runs``.
 """
@@ -25,6 +27,7 @@ from tests.apps.factory import BROKER_URL, REDLOCK_NODES, observer
 
 INTERVAL = float(os.environ.get("BEAT_INTERVAL", "1"))
 ENTRY = "count"
+ENTRIES = [ENTRY] + [f"{ENTRY}{i}" for i in range(1, int(os.environ.get("BEAT_ENTRIES", "1")))]
 
 app = Celery("beatapp", broker=BROKER_URL, set_as_current=False)
 app.conf.update(
@@ -34,7 +37,7 @@ app.conf.update(
     # Rounds to 5 nodes answer in about a millisecond; the margin is for a loaded
     # 2-core machine running three beats, a worker and seven redis-servers.
     redlock_node_timeout=0.25,
-    beat_schedule={ENTRY: {"task": "beatapp.count", "schedule": INTERVAL}},
+    beat_schedule={name: {"task": "beatapp.count", "schedule": INTERVAL} for name in ENTRIES},
 )
 
 

@@ -725,3 +725,68 @@ def test_beats_survive_quorum_loss_and_never_send_unguarded(deployment: Deployme
         f"executions {executions}, duplicates suppressed {lost}, outage ticks {outage}, "
         f"claims inside {sum(inside.values())}, outside {sum(outside.values())}"
     )
+
+
+#: Entries of the one-node-down run: each is a tick a second that both beats race for.
+SPLIT_ENTRIES = 5
+#: Seconds the beats run with one node killed; the whole seconds judged (all but
+#: the first and the last) carry SPLIT_ENTRIES x 20 = 100 ticks.
+SPLIT_SECONDS = 21
+
+
+def entry_outcomes(process: Process) -> list[tuple[str, str, int]]:
+    """(outcome, entry, tick) of each outcome line of a beat's log."""
+    found = []
+    for line in process.log().splitlines():
+        matched = OUTCOME.search(line)
+        outcome = outcome_of(line)
+        if matched is not None and outcome is not None:
+            found.append((outcome[0], matched["entry"], outcome[1]))
+    return found
+
+
+@pytest.mark.slow
+def test_two_beats_with_one_lock_node_killed_send_every_tick_exactly_once(
+    deployment: Deployment,
+) -> None:
+    """One of 5 lock nodes is SIGKILLed; two beats race for 5 entries a second, for
+    20 whole seconds: 100 ticks. The 4 live nodes are a quorum (3) and more: a vote the beats
+    split 2-2 is retried, never read as an outage, so every tick runs exactly once --
+    counted by the observer Redis the task reports to, not by the beats' word -- and
+    no beat logs a tick missed or the lock nodes unavailable."""
+    deployment.env["BEAT_ENTRIES"] = str(SPLIT_ENTRIES)
+    deployment.start_worker()
+    beats, _ = deployment.start_beats(2)
+    deployment.nodes[0].kill()
+    killed_at = time.time()
+    ended_at = sleep_until(mid_bucket_after(killed_at + SPLIT_SECONDS))
+    assert [beat.alive for beat in beats] == [True, True], "a beat died"
+    for beat in beats:
+        beat.stop()
+    outcomes = [found for beat in beats for found in entry_outcomes(beat)]
+    won = [(entry, tick) for what, entry, tick in outcomes if what == "won"]
+    executions, _ = deployment.drain(len(won))
+    runs = Counter(
+        (entry, int(tick))
+        for tick, entry, _ in (run.split() for run in deployment.observer.lrange("runs", 0, -1))
+    )
+
+    # The ticks due from the first whole second after the kill to the last before the end.
+    window = range(math.floor(killed_at) + 1, math.floor(ended_at))
+    expected = [
+        (f"count{i}" if i else "count", tick) for tick in window for i in range(SPLIT_ENTRIES)
+    ]
+    assert len(expected) >= 100
+    missed = [(what, entry, tick) for what, entry, tick in outcomes if what.startswith("missed")]
+    unavailable = [line for beat in beats for line in beat.lines("lock nodes unavailable")]
+    not_once = {tick: runs[tick] for tick in expected if runs[tick] != 1}
+    print(
+        f"\n[beat x2, lock node 1/5 killed] ticks expected {len(expected)}, sent once "
+        f"{len(expected) - len(not_once)}, not once {not_once}, executions {executions}, "
+        f"won per beat {[sum(1 for w, *_ in entry_outcomes(b) if w == 'won') for b in beats]}, "
+        f"missed lines {len(missed)}, 'lock nodes unavailable' lines {len(unavailable)}"
+    )
+    assert not_once == {}, f"ticks not sent exactly once: {not_once}"
+    assert max(runs.values()) == 1 and executions == sum(runs.values())
+    assert missed == [], missed
+    assert unavailable == [], "\n".join(unavailable[:5])
