@@ -18,7 +18,16 @@ from redis import exceptions as rexc
 
 from celery_redlock.errors import AlreadyHeld, LockContended, QuorumUnavailable
 from celery_redlock.lock import scripts
-from celery_redlock.lock.acquire_replies import Attempt, is_granted
+from celery_redlock.lock.acquire_replies import (
+    CONTENDED,
+    GRANTED,
+    SPLIT,
+    UNAVAILABLE,
+    Attempt,
+    is_granted,
+    refused_for,
+    verdict,
+)
 from celery_redlock.lock.lease import Extension, Lease
 from celery_redlock.lock.quorum import is_one
 from celery_redlock.lock.reentry import HeldLeases
@@ -578,3 +587,99 @@ def test_drive_passes_each_rounds_results_to_the_step_that_asked() -> None:
     assert drive(rules.extend_value_steps("job", VALUE, None), rounds, never_sleep) is False
     script, keys, args = sent(rounds.asked[0])
     assert (script, keys, args) == (scripts.EXTEND, ["job"], [VALUE, "10000"])
+
+
+# -- one node down: a split vote is contention, not an outage -----------------------------
+
+#: A node SIGKILLed: its connection is refused, at once.
+DOWN = rexc.ConnectionError("10.0.0.1:6379/0: Connection refused")
+THIRD = b"a-third-holders-token-01234|worker-3:99"
+
+
+@pytest.mark.parametrize(
+    ("results", "expected"),
+    [
+        # Five nodes, quorum 3.
+        ([1, 1, 1, NOT_AWAITED, NOT_AWAITED], GRANTED),
+        ([DOWN, 1, 1, DOWN, 1], GRANTED),
+        # One node down, two contenders split the other four 2-2: nobody won.
+        ([DOWN, 1, [OTHER, 900], 1, [OTHER, 800]], SPLIT),
+        # ... and the round stopped at its third no: the two unheard nodes did not fail.
+        ([DOWN, [OTHER, 900], [OTHER, 800], NOT_AWAITED, NOT_AWAITED], SPLIT),
+        ([DOWN, [OTHER, 900], [THIRD, 800], 1, NOT_AWAITED], SPLIT),
+        # A quorum of answers names one holder: contended, a node down or not.
+        ([DOWN, [OTHER, 900], [OTHER, 800], [OTHER, 700], NOT_AWAITED], CONTENDED),
+        ([[OTHER, 900], [OTHER, 800], [OTHER, 700], NOT_AWAITED, NOT_AWAITED], CONTENDED),
+        # Three nodes failed: fewer than a quorum could answer.
+        ([DOWN, DOWN, DOWN, NOT_AWAITED, NOT_AWAITED], UNAVAILABLE),
+        ([DOWN, rexc.TimeoutError("no reply within 50 ms"), DOWN, 1, 1], UNAVAILABLE),
+        ([DOWN, DOWN, DOWN, [OTHER, 900], [OTHER, 800]], UNAVAILABLE),
+    ],
+)
+def test_a_rounds_verdict_is_unavailable_only_when_too_few_nodes_could_answer(
+    results: list[object], expected: str
+) -> None:
+    assert verdict(results, 3, is_granted, refused_for) == expected
+
+
+def test_the_verdict_counts_one_holder_by_its_whole_value_not_its_description() -> None:
+    # Two leases described alike (same worker and pid, two tokens) are two holders.
+    first, second = b"token-one-0123456789ab|beat@h:1", b"token-two-0123456789ab|beat@h:1"
+    results: list[object] = [[first, 900], [first, 900], [second, 900]]
+    assert verdict(results, 2, is_granted, refused_for) == CONTENDED
+    assert verdict([[first, 9], [second, 9], DOWN], 2, is_granted, refused_for) == SPLIT
+
+
+@pytest.mark.parametrize("quorum", [0, 6, -1, 2.5, True, "3"])
+def test_a_verdict_asked_with_a_quorum_the_results_cannot_have_is_refused(quorum: Any) -> None:
+    with pytest.raises(ValueError, match=r"quorum must be an int from 1 to the number of results"):
+        verdict([1, 1, 1, 1, 1], quorum)
+
+
+def test_one_node_down_and_a_two_two_split_is_a_split_vote_not_an_outage() -> None:
+    rules = make_rules(FakeClock(), nodes=5)
+    steps = acquire(rules)
+    next(steps)
+    _, attempt = expect_undo(steps, [DOWN, 1, [OTHER, 900], 1, [OTHER, 800]])
+    assert attempt.lease is None and attempt.unavailable is None
+    assert attempt.verdict == SPLIT and attempt.split
+    with pytest.raises(LockContended) as contended:
+        attempt.outcome("job", True)
+    assert contended.value.split and contended.value.holder == "worker-2:77"
+    assert "the vote split" in str(contended.value)
+    assert attempt.outcome("job", False) is None  # not won, nothing raised
+
+
+def test_a_round_stopped_at_its_third_no_with_one_node_down_is_not_an_outage() -> None:
+    rules = make_rules(FakeClock(), nodes=5)
+    steps = acquire(rules)
+    assert ask_of(next(steps)).enough_no == 3
+    _, attempt = expect_undo(steps, [DOWN, [OTHER, 900], [OTHER, 800], NOT_AWAITED, NOT_AWAITED])
+    assert attempt.unavailable is None and attempt.verdict == SPLIT
+
+
+def test_split_votes_with_a_node_down_never_count_toward_retry_count() -> None:
+    """A wait without timeout ends on ``retry_count`` outages in a row; ten split
+    rounds in a row with one node down are not outages: it keeps pausing, then wins."""
+    clock = FakeClock()
+    rules = make_rules(clock, nodes=5, retry_count=1)
+    steps = acquire(rules, blocking=True)
+    next(steps)
+    for _ in range(10):
+        ask_of(steps.send([DOWN, 1, [OTHER, 900], 1, [OTHER, 800]]))  # the undo
+        pause = steps.send([])
+        assert isinstance(pause, Pause)
+        clock.advance(pause.seconds)
+        assert sent(ask_of(steps.send([])))[0] is scripts.ACQUIRE
+    assert finish(steps, [DOWN, 1, 1, 1, NOT_AWAITED]).lease is not None
+
+
+def test_outages_still_end_a_wait_without_timeout_with_one_node_down_besides() -> None:
+    rules = make_rules(FakeClock(), nodes=5, retry_count=0)
+    steps = acquire(rules, blocking=True)
+    next(steps)
+    ask_of(steps.send([DOWN, DOWN, DOWN, 1, 1]))
+    attempt = finish(steps, [])
+    assert attempt.verdict == UNAVAILABLE and attempt.unavailable is not None
+    with pytest.raises(QuorumUnavailable):
+        attempt.outcome("job", True)
