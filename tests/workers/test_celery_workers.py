@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import pytest
 from celery.result import AsyncResult
 
-from celery_redlock import LockContended
+from celery_redlock import LockContended, is_skipped
 from celery_redlock.testing import CeleryProcess
 from celery_redlock.testing.children import process_state
 from tests.apps import workerapp
@@ -429,3 +429,43 @@ def test_self_retry_with_no_retry_left_keeps_the_lock_for_the_rest_of_the_body(
     assert overlaps(intervals(stack.observer, "maxr")) == []
     assert max_occupancy(stack.observer, "maxr") == 1
     assert first.result["held"] is True
+
+
+# -- one lock node down --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_with_one_lock_node_killed_mid_run_no_skip_mode_copy_is_skipped_for_nobody(
+    stack: Stack, start_workers: StartWorkers
+) -> None:
+    """30 same-key copies in skip mode on 2 prefork workers (4 children racing); one
+    of the 5 lock nodes is SIGKILLed once the first body runs, and most copies come
+    after. 4 nodes are still a quorum and more: a vote the copies split is retried,
+    never read as an outage. Judged by the observer: one body at a time, every copy
+    ran once or was skipped naming a holder that really ran; and no worker logged
+    "lock nodes unavailable"."""
+    workers = start_workers(2, pool="prefork", concurrency=2)
+    body = {"tag": "one-down", "seconds": 0.1, "counter": "down"}
+    results = [send(stack, "hold_skip", **body) for _ in range(6)]
+    eventually(lambda: starts(stack.observer, "down"), 30, "a first body")
+    stack.nodes[0].kill()
+    for _ in range(6):  # the other 24 come after the kill, in bursts of racing copies
+        results += [send(stack, "hold_skip", **body) for _ in range(4)]
+        time.sleep(0.15)
+    values = {r.id: r.get(timeout=60) for r in results}
+    assert [r.state for r in results] == ["SUCCESS"] * 30
+    ran = runs(stack.observer, "down")
+    skipped = {tid: value for tid, value in values.items() if is_skipped(value)}
+    unavailable = [line for w in workers for line in w.lines(r"lock nodes unavailable")]
+    holders = {tid: (v["holder"] or "").split("@")[0] or None for tid, v in skipped.items()}
+    print(
+        f"\n[skip x30, lock node 1/5 killed] ran {len(ran)}, skipped {len(skipped)}, "
+        f"skipped naming nobody {sum(1 for h in holders.values() if h is None)}, "
+        f"'lock nodes unavailable' lines {len(unavailable)}, split WARNING lines "
+        f"{sum(len(w.lines('vote split')) for w in workers)}"
+    )
+    assert max_occupancy(stack.observer, "down") == 1
+    assert set(ran) | set(skipped) == set(values) and not set(ran) & set(skipped)
+    assert [tid for tid, n in ran.items() if n != 1] == []
+    assert {tid: h for tid, h in holders.items() if h not in ran} == {}, skipped
+    assert unavailable == [], "\n".join(unavailable[:5])
