@@ -329,3 +329,52 @@ def test_handoff_control_finds_a_counterexample(
     assert result.violation is not None and result.violation.startswith(kind)
     assert any(event in line for line in result.trace), "\n".join(result.trace)
     assert "VIOLATION" in result.trace[-1]
+
+
+# -- two beats, a lock node down (tools/modelcheck/beatsplit.py) ---------------------- #
+
+from tools.modelcheck.beatsplit import (  # noqa: E402
+    LOST,
+    MISSED_UNAVAILABLE,
+    BeatSplitResult,
+    beat_split_scenarios,
+    check_beat_split,
+)
+
+
+@pytest.fixture(scope="module")
+def beat_split_results() -> dict[str, BeatSplitResult]:
+    return {b.name: check_beat_split(b) for b in beat_split_scenarios() if not b.full_only}
+
+
+@pytest.mark.parametrize("name", ["beat-split-one-node-down", "beat-split-two-nodes-down"])
+def test_with_a_minority_of_nodes_down_no_interleaving_loses_or_doubles_a_tick(
+    beat_split_results: dict[str, BeatSplitResult], name: str
+) -> None:
+    result = beat_split_results[name]
+    assert result.violation is None, "\n".join(result.trace)
+    assert result.states > 10_000  # not vacuous: the rounds interleave
+    # Every final state: one beat sent the tick, the other found it taken; no beat
+    # read the split as an outage.
+    assert set(result.finals) == {("sent", "taken"), ("taken", "sent")}
+    assert not any(MISSED_UNAVAILABLE in final for final in result.finals)
+
+
+def test_the_old_verdict_loses_a_tick_when_one_node_is_down_and_the_beats_split(
+    beat_split_results: dict[str, BeatSplitResult],
+) -> None:
+    result = beat_split_results["beat-split-one-node-down-old-verdict"]
+    assert result.violation == LOST and result.as_expected
+    text = "\n".join(result.trace)
+    assert "node0 (down) fails beat0's try" in text and "node0 (down) fails beat1's try" in text
+    assert "(not awaited)" in text  # a round stopped at its third no
+    assert result.trace[-1].strip() == "-> beat0: unavailable, beat1: unavailable"
+
+
+def test_the_command_line_runs_the_beat_split_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["--only", "beat-split-one-node-down", "--only", "beat-split-one-node-down-old-verdict"]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "beat-split-one-node-down-old-verdict: shortest counterexample" in printed

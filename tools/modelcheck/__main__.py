@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from .beatsplit import beat_split_scenarios, check_beat_split, format_beat_split
 from .checker import Result, check_all
 from .handoff import check_handoff, format_handoff, handoff_scenarios
 from .model import scenarios
@@ -89,22 +90,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     catalogue = scenarios()
     handoff = handoff_scenarios()
+    splits = beat_split_scenarios()
     if args.list:
         listed = [(sc.name, sc.full_only, sc.description) for sc in catalogue]
         listed += [(h.name, h.full_only, h.description) for h in handoff]
+        listed += [(b.name, b.full_only, b.description) for b in splits]
         for name, full_only, description in listed:
             print(f"{name:48s} {'full' if full_only else 'ci  '}  {description}")
         return 0
     if args.only:
         known = {sc.name for sc in catalogue} | {h.name for h in handoff}
+        known |= {b.name for b in splits}
         unknown = sorted(set(args.only) - known)
         if unknown:
             parser.error(f"unknown scenario(s): {', '.join(unknown)}")
         selected = [sc for sc in catalogue if sc.name in args.only]
         handoff = [h for h in handoff if h.name in args.only]
+        splits = [b for b in splits if b.name in args.only]
     else:
         selected = [sc for sc in catalogue if args.full or not sc.full_only]
         handoff = [h for h in handoff if args.full or not h.full_only]
+        splits = [b for b in splits if args.full or not b.full_only]
 
     results = check_all(selected, args.jobs) if selected else []
     if results:
@@ -117,11 +123,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if handoff_results:
         print()
         print(format_handoff(handoff_results))
+    split_results = [check_beat_split(b) for b in splits]
+    if split_results:
+        print()
+        print(format_beat_split(split_results))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump([r.to_json() for r in results], out, indent=2)
             out.write("\n")
     expected = [r.as_expected for r in results] + [h.as_expected for h in handoff_results]
+    expected += [b.as_expected for b in split_results]
     return 0 if all(expected) else 1
 
 
