@@ -136,6 +136,16 @@ def won(rules: LockRules, clock: FakeClock, key: str = "job") -> Lease:
     return attempt.lease
 
 
+def extension_asked() -> tuple[Lease, Steps[Extension]]:
+    """A lease granted by every node, and its extension's steps at their one round."""
+    clock = FakeClock()
+    rules = make_rules(clock)
+    lease = won(rules, clock)
+    steps = rules.extend_steps(lease, TTL)
+    next(steps)
+    return lease, steps
+
+
 def expect_undo(steps: Steps[Attempt[Lease]], results: list[object]) -> tuple[Ask, Attempt[Lease]]:
     """Send a lost round's results: the undo it yields, then the attempt it returns."""
     undo = ask_of(steps.send(results))
@@ -387,22 +397,14 @@ def test_an_extension_a_quorum_granted_counts_validity_from_the_rounds_start() -
 
 
 def test_an_extension_a_majority_refused_loses_the_lease() -> None:
-    clock = FakeClock()
-    rules = make_rules(clock)
-    lease = won(rules, clock)
-    steps = rules.extend_steps(lease, TTL)
-    next(steps)
+    _, steps = extension_asked()
     outcome = finish(steps, [0, 1, 0])
     assert outcome.deadline is None and outcome.retry_by is None
     assert outcome.reason == "extension reached 1 of 3 nodes, needed 2"
 
 
 def test_an_extension_that_met_only_slow_nodes_says_by_when_to_retry() -> None:
-    clock = FakeClock()
-    rules = make_rules(clock)
-    lease = won(rules, clock)
-    steps = rules.extend_steps(lease, TTL)
-    next(steps)
+    lease, steps = extension_asked()
     outcome = finish(steps, [1, timed_out(1), timed_out(2)])
     assert outcome.deadline is None
     assert outcome.retry_by == pytest.approx(lease.deadline - MARGIN - 2 * NODE_TIMEOUT)
