@@ -505,6 +505,53 @@ def test_split_vote_does_not_make_a_skip_task_drop_its_work(
     assert recorder.of("lock_contended") == []
 
 
+@pytest.mark.parametrize("mode", ["skip", "fail"])
+def test_a_split_vote_with_one_node_down_is_waited_out_not_read_as_an_outage(
+    mode: str,
+    tasks: dict[str, Any],
+    redis_nodes: RedisNodes,
+    recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One of 5 nodes is down; two losers of a race each hold 2 of the other 4 for
+    # 0.2 s. A quorum (3) can still answer, so this is a split, not an outage.
+    caplog.set_level(logging.WARNING, logger="celery_redlock.task")
+    redis_nodes[4].kill()
+    key = tasks[mode].lock_key((0.01,), {"tag": "split-down"})
+    for i, server in enumerate(list(redis_nodes)[:4]):
+        server.client().set(key, b"loser-a|a" if i < 2 else b"loser-b|b", px=200)
+    result = tasks[mode].apply(args=(0.01,), kwargs={"tag": "split-down"})
+    assert result.get() == "ran"  # waited out the split: not skipped, not failed
+    assert recorder.of("lock_contended") == []
+    assert "lock nodes unavailable" not in caplog.text
+
+
+def test_a_split_copy_is_retried_whatever_its_mode_until_its_retries_run_out() -> None:
+    from celery_redlock.tasks.contention import verdict
+    from celery_redlock.tasks.options import DEFAULTS, TASK_OPTIONS, task_options
+
+    values = {name: DEFAULTS[name] for name in TASK_OPTIONS}
+    for mode in ("skip", "fail"):
+        values.update(redlock_on_contended=mode, redlock_max_retries=3)
+        options = task_options(values)
+        for attempt in (1, 3):
+            decided = verdict(
+                options, attempt, None, outage=False, eager=False, eager_left=None,
+                own_holder=False, split=True,
+            )  # fmt: skip
+            assert decided.action == "retry" and decided.countdown is not None
+        decided = verdict(
+            options, 4, None, outage=False, eager=False, eager_left=None,
+            own_holder=False, split=True,
+        )  # fmt: skip
+        assert decided.exhausted and decided.action == options.on_retries_exhausted
+    with pytest.raises(ValueError, match="outage or a split vote, not both"):
+        verdict(
+            options, 1, None, outage=True, eager=False, eager_left=None, own_holder=False,
+            split=True,
+        )  # fmt: skip
+
+
 def test_a_beat_tick_sent_twice_runs_once(tasks: dict[str, Any], recorder: Recorder) -> None:
     from celery_redlock.beat import ENTRY_HEADER, TICK_HEADER
 
