@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock import AlreadyQueued, ConfigurationError, RedlockTask
+from celery_redlock import AlreadyQueued, ConfigurationError, LockContended, RedlockTask
 from celery_redlock.testing import RedisNodes, RedisServer
 
 QUEUE = "q1"
@@ -340,3 +340,18 @@ def test_bad_celery_once_class_attributes_are_refused_naming_them(
     with pytest.raises(ConfigurationError, match=message):
         bad_once.delay(32)
     assert _queued(broker) == 0
+
+
+def test_an_enqueue_whose_vote_stays_split_is_refused_not_pointed_at_a_phantom_copy(
+    tasks: dict[str, Any], broker: RedisServer, redis_nodes: RedisNodes
+) -> None:
+    # Two other callers each hold the queue place on 2 of 5 nodes for longer than an
+    # enqueue's patience: nobody holds it on a quorum, so no copy is known to be
+    # queued. Answering "already queued as <one node's holder>" would drop the call.
+    key = tasks["import"].lock_key((40,), {}) + ":queued"
+    for i, server in enumerate(list(redis_nodes)[:4]):
+        server.client().set(key, b"loser-a|a" if i < 2 else b"loser-b|b", px=5_000)
+    with pytest.raises(LockContended) as raised:
+        tasks["import"].delay(40)
+    assert raised.value.split and "the vote split" in str(raised.value)
+    assert _queued(broker) == 0  # not sent, and the caller knows
