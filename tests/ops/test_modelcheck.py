@@ -378,3 +378,82 @@ def test_the_command_line_runs_the_beat_split_scenarios(capsys: pytest.CaptureFi
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "beat-split-one-node-down-old-verdict: shortest counterexample" in printed
+
+
+# -- at most N inside per key (tools/modelcheck/limits.py) ------------------------------ #
+
+from tools.modelcheck.limits import OVER_LIMIT, SLOT_SHARED  # noqa: E402
+from tools.modelcheck.limits_check import LimitResult, check_limits, limit_scenarios  # noqa: E402
+
+LIMIT_CI = {sc.name: sc for sc in limit_scenarios() if not sc.full_only}
+LIMIT_SAFE = [name for name, sc in LIMIT_CI.items() if sc.expect == "safe" and sc.leave]
+
+
+class _LimitResults(dict[str, LimitResult]):
+    """Each scenario explored when a test first asks for it (so each test pays for its own)."""
+
+    def __missing__(self, name: str) -> LimitResult:
+        self[name] = result = check_limits(LIMIT_CI[name])
+        return result
+
+
+@pytest.fixture(scope="module")
+def limit_results() -> dict[str, LimitResult]:
+    return _LimitResults()
+
+
+@pytest.mark.parametrize("name", LIMIT_SAFE)
+def test_permit_slots_never_admit_more_than_n_in_their_whole_state_space(
+    limit_results: dict[str, LimitResult], name: str
+) -> None:
+    result = limit_results[name]
+    assert result.outcome == "safe", "\n".join(result.trace)
+    # Not vacuous: N holders were inside at once somewhere in the explored space.
+    assert result.max_inside == result.scenario.limit
+    assert result.states > 1_000
+
+
+def test_a_per_node_counter_admitted_by_a_majority_lets_three_in_with_n_two(
+    limit_results: dict[str, LimitResult],
+) -> None:
+    result = limit_results["limit-counter-3-nodes"]
+    assert result.violation == OVER_LIMIT and result.as_expected
+    # The shortest: three rounds, each admitted on a different pair of the 3 nodes.
+    assert result.trace_steps == 9
+    assert result.trace[-1] == "!! VIOLATION (more than N inside): A, B, C inside, limit 2"
+    assert sum("INSIDE" in line for line in result.trace) == 3
+
+
+def test_a_per_node_counter_is_unsafe_on_five_nodes_too_below_its_quorum_bound(
+    limit_results: dict[str, LimitResult],
+) -> None:
+    # q = 3 <= N * nodes / (N + 1) = 10/3: three majorities of 5 fit in 2 per node.
+    result = limit_results["limit-counter-5-nodes"]
+    assert result.violation == OVER_LIMIT and result.as_expected
+    assert result.trace_steps == 12
+
+
+def test_slots_need_the_delayed_restart_like_the_mutex(
+    limit_results: dict[str, LimitResult],
+) -> None:
+    result = limit_results["limit-slots-restart-no-delay"]
+    assert result.violation == SLOT_SHARED and result.as_expected
+    assert any("restarts empty AT ONCE" in line for line in result.trace)
+
+
+def test_lowest_free_slot_per_node_can_split_a_round_while_a_permit_is_free(
+    limit_results: dict[str, LimitResult],
+) -> None:
+    # N = 3 holders for 3 permits, no faults, holders stay: the nodes' orders can hand
+    # one client three different slots; it must retry although a permit is free.
+    result = limit_results["limit-split-lowest-free-3-nodes-n3"]
+    assert result.outcome == "safe" and result.split_finals > 0
+    # With N = 2 on 3 nodes it cannot: two of three nodes agree on one of two slots.
+    assert limit_results["limit-split-lowest-free-3-nodes-n2"].split_finals == 0
+
+
+def test_the_command_line_runs_the_limit_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--only", "limit-counter-3-nodes", "--only", "limit-split-lowest-free-3-nodes-n2"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "limit-counter-3-nodes: shortest counterexample, 9 steps" in printed

@@ -7,9 +7,11 @@ fences that strictly increase in grant order. ``checker.py`` explores it
 breadth-first, so the first counterexample is a shortest one, and prints it as a
 timeline. ``handoff.py`` models the hand-off to waiting duplicates and
 ``beatsplit.py`` two beats claiming a tick with a lock node down (how a lost round's
-replies are read decides whether a split loses the tick), each with its own small
-checker. ``python -m tools.modelcheck`` runs the scenario catalogue and prints a
-table (``--full`` for the large configurations, ``--json FILE`` to save it).
+replies are read decides whether a split loses the tick), and ``limits.py`` at most N
+holders per key (N permit slots against the naive per-node counter, checked by
+``limits_check.py``), each with its own small checker. ``python -m tools.modelcheck``
+runs the scenario catalogue and prints a table (``--full`` for the large
+configurations, ``--json FILE`` to save it).
 
 Standard library only; nothing here imports ``celery_redlock``, on purpose: the
 model is an independent statement of DESIGN.md's algorithm.
