@@ -1,6 +1,6 @@
 """Command line: run the scenario catalogue and print what the model checker found.
 
-    python -m tools.modelcheck                  # the CI scenarios (about a minute and a half of CPU)
+    python -m tools.modelcheck                  # the CI scenarios (~1.5 min of CPU)
     python -m tools.modelcheck --full           # also N=5, three clients, ttl=2 fenced
     python -m tools.modelcheck --only baseline --only naive-fences
     python -m tools.modelcheck --json results.json --jobs 2
