@@ -56,7 +56,10 @@ class LockContended(RedlockError):
     by the nodes that refused us (``None`` when unknown). ``split``: True when no
     holder had a quorum either -- racing callers split the vote (one node may be
     down besides) and nobody won; ``holder`` is then one node's word only, and
-    trying again soon is the answer.
+    trying again soon is the answer. ``limit``: set when the key has more than one
+    permit (a limit or a rate) and all were taken: what was reached, e.g.
+    ``"limit 5/5"`` or ``"rate 100/m"``; ``holder`` then names the holder of the
+    permit that frees first and ``ttl`` when one frees.
     """
 
     # The fields are the exception's args: Celery's result backends rebuild an
@@ -67,16 +70,22 @@ class LockContended(RedlockError):
         holder: Optional[str] = None,
         ttl: Optional[float] = None,
         split: bool = False,
+        limit: Optional[str] = None,
     ) -> None:
-        super().__init__(key, holder, ttl, *((True,) if split else ()))
+        extra: tuple[object, ...] = (split, limit) if limit else ((True,) if split else ())
+        super().__init__(key, holder, ttl, *extra)
         self.key = key
         self.holder = holder
         self.ttl = ttl
         self.split = bool(split)
+        self.limit = limit
 
     def __str__(self) -> str:
         who = self.holder or "unknown holder"
         left = f", {self.ttl:.3f}s left" if self.ttl is not None else ""
+        if self.limit and not self.split:
+            frees = f"; one frees in {self.ttl:.3f}s" if self.ttl is not None else ""
+            return f"lock {self.key!r}: {self.limit} reached (taken by {who}{frees})"
         if self.split:
             return (
                 f"lock {self.key!r}: the vote split, nobody holds a quorum "

@@ -201,7 +201,7 @@ class AsyncNodeSet:
     async def round(self, ask: Ask) -> list[object]:
         """One round (see ``nodes.NodeSet.round`` for what ``ask`` means)."""
         count = len(self.nodes)
-        tally = Round(count, ask.is_yes, ask.enough_yes, ask.enough_no)
+        tally = Round(count, ask.is_yes, ask.enough_yes, ask.enough_no, ask.settled)
         if not ask.wait:
             self.send_only(ask.command)
             return tally.finish()

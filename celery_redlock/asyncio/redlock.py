@@ -235,13 +235,15 @@ class AsyncRedlock(ShowsSettings):
         token: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> Optional[AsyncLease]:
         """See ``Redlock.acquire``: the lease, ``None`` when not won, or
         ``QuorumUnavailable``; blocking, it waits for the key's release (``timeout``
         None: until won). Cancelled, it releases whatever it got. A key this
         asyncio Task holds already: ``AlreadyHeld``, or with ``reentrant=True`` one
-        more hold of its lease. ``key`` may be a list of keys taken together."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        more hold of its lease. ``key`` may be a list of keys taken together.
+        ``limit=N``: a lease on one of the key's N permits."""
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant, limit)
         return attempt.outcome(key, False)
 
     async def try_acquire(
@@ -254,9 +256,10 @@ class AsyncRedlock(ShowsSettings):
         token: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> AsyncLease:
         """Like ``acquire`` but raises ``LockContended`` instead of returning None."""
-        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        attempt = await self._acquire(key, ttl, blocking, timeout, holder, token, reentrant, limit)
         lease = attempt.outcome(key, True)
         assert lease is not None
         return lease
@@ -270,9 +273,10 @@ class AsyncRedlock(ShowsSettings):
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool,
+        limit: int = 1,
     ) -> Attempt[AsyncLease]:
         steps = self._rules.acquire_steps(
-            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant
+            self, AsyncLease, key, ttl, blocking, timeout, holder, token, reentrant, limit
         )
         wakeups = self._wakeups
         if not blocking or wakeups is None:
@@ -294,6 +298,7 @@ class AsyncRedlock(ShowsSettings):
         holder: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> AsyncIterator[AsyncLease]:
         """``async with redlock.lock(key) as lease:`` -- as ``Redlock.lock``.
 
@@ -304,8 +309,9 @@ class AsyncRedlock(ShowsSettings):
         meanwhile and ``QuorumUnavailable`` when the release reached no quorum.
         """
         lease = await self.try_acquire(
-            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
-        )
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder,
+            reentrant=reentrant, limit=limit,
+        )  # fmt: skip
         keeper = (
             asyncio.ensure_future(keep_alive(lease, self._rules.clock)) if auto_extend else None
         )
@@ -329,6 +335,19 @@ class AsyncRedlock(ShowsSettings):
         except QuorumUnavailable as exc:
             released = exc
         judge_exit(lease, lost, released)
+
+    async def admit(
+        self,
+        key: str,
+        rate: Union[str, tuple[int, float]],
+        *,
+        timeout: Optional[Duration] = 0,
+        holder: Optional[str] = None,
+    ) -> float:
+        """See ``Redlock.admit``: 0.0 when a start under ``rate`` was admitted and
+        counted, else the seconds until the window admits one (after waiting up to
+        ``timeout``; None: until admitted)."""
+        return await self._drive(self._rules.admit_steps(key, rate, holder, timeout))
 
     # -- release, extend and inspection -------------------------------------------------
 

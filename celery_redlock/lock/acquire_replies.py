@@ -123,6 +123,9 @@ class Attempt(Generic[L]):
     unavailable: Optional[QuorumUnavailable] = None
     #: The round's verdict (``GRANTED``, ``CONTENDED``, ``SPLIT``, ``UNAVAILABLE``).
     verdict: str = GRANTED
+    #: A key with several permits: what was reached when all were taken
+    #: (``"limit 5/5"``, ``"rate 100/m"``); None for a mutex.
+    limit: Optional[str] = None
 
     @property
     def split(self) -> bool:
@@ -137,7 +140,9 @@ class Attempt(Generic[L]):
             raise self.unavailable
         if self.lease is None and contended:
             name = key if isinstance(key, str) else lease_name(lock_keys(key))
-            raise LockContended(name, self.holder, self.holder_ttl, split=self.split)
+            raise LockContended(
+                name, self.holder, self.holder_ttl, split=self.split, limit=self.limit
+            )
         return self.lease
 
 

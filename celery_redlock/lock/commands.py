@@ -26,8 +26,16 @@ from typing import Callable, Optional, Sequence, Union
 
 from ..errors import ConfigurationError
 from ..wire.resp import Command
-from . import scripts, validate
-from .stored import FENCE_COUNTER_TTL, INTERNAL, fence_counter, reentry_holds, tombstone
+from . import permit_scripts, scripts, validate
+from .stored import (
+    FENCE_COUNTER_TTL,
+    INTERNAL,
+    fence_counter,
+    permit_of,
+    permit_tombstone,
+    reentry_holds,
+    tombstone,
+)
 
 __all__ = [
     "MAX_KEYS",
@@ -140,6 +148,14 @@ def release_command(
             [value, ms(ttl), len(keys)],
         )
     key = keys[0]
+    permit = permit_of(key)
+    if permit is not None:  # a lease on one of a key's permits (permits.py)
+        base, kind, _ = permit
+        return Command(
+            permit_scripts.RELEASE_PERMIT,
+            [key, permit_tombstone(base, kind, value)],
+            [value, ms(ttl), base],
+        )
     if hold is None:
         return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
     return Command(

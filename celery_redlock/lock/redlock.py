@@ -175,7 +175,7 @@ class Redlock(ShowsSettings):
     def _round_trip(self, ask: Ask) -> list[object]:
         return self._nodes.round(
             ask.command, ask.timeout, ask.is_yes, ask.enough_yes, ask.enough_no, ask.wait,
-            ask.deliver,
+            ask.deliver, ask.settled,
         )  # fmt: skip
 
     # -- acquire ------------------------------------------------------------------
@@ -190,6 +190,7 @@ class Redlock(ShowsSettings):
         token: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> Optional[Lease]:
         """Try to win ``key`` for ``ttl`` seconds; the Lease, or ``None`` if not won.
 
@@ -225,8 +226,15 @@ class Redlock(ShowsSettings):
         set, and a fenced lease's fence orders the holders of each of its keys.
         Not with ``reentrant=True``; re-acquiring any key of a held set raises
         ``AlreadyHeld``.
+
+        ``limit=N`` (1 to ``MAX_PERMITS``): at most N leases on ``key`` at once,
+        across every caller; the lease is on one of its N permits (``lease.key`` is
+        ``key``, ``lease.keys`` the permit's slot), extended, fenced and released like
+        any lease, and a blocked acquire wakes when any permit frees. Every caller of
+        one key must give the same ``limit`` (``ConfigurationError`` otherwise). One
+        key, not with ``reentrant=True``. SAFETY.md "Limits (N at a time)".
         """
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant, limit)
         return attempt.outcome(key, False)
 
     def try_acquire(
@@ -239,10 +247,11 @@ class Redlock(ShowsSettings):
         token: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> Lease:
-        """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL)
-        instead of returning ``None``."""
-        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant)
+        """Like ``acquire`` but raises ``LockContended`` (holder, its remaining TTL;
+        with a ``limit``, what was reached) instead of returning ``None``."""
+        attempt = self._acquire(key, ttl, blocking, timeout, holder, token, reentrant, limit)
         lease = attempt.outcome(key, True)
         assert lease is not None
         return lease
@@ -256,10 +265,11 @@ class Redlock(ShowsSettings):
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool,
+        limit: int = 1,
     ) -> Attempt[Lease]:
         # The attempts, the waits between them and the checks are the rules' (rules.py).
         steps = self._rules.acquire_steps(
-            self, Lease, key, ttl, blocking, timeout, holder, token, reentrant
+            self, Lease, key, ttl, blocking, timeout, holder, token, reentrant, limit
         )
         wakeups = self._wakeups
         if not blocking or wakeups is None:
@@ -288,6 +298,7 @@ class Redlock(ShowsSettings):
         holder: Optional[str] = None,
         *,
         reentrant: bool = False,
+        limit: int = 1,
     ) -> Iterator[Lease]:
         """``with redlock.lock(key) as lease:`` -- hold ``key`` for the block.
 
@@ -302,8 +313,9 @@ class Redlock(ShowsSettings):
         release is only logged.
         """
         lease = self.try_acquire(
-            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder, reentrant=reentrant
-        )
+            key, ttl=ttl, blocking=blocking, timeout=timeout, holder=holder,
+            reentrant=reentrant, limit=limit,
+        )  # fmt: skip
         watchdog = None
         if auto_extend:
             watchdog = get_watchdog()
@@ -328,6 +340,27 @@ class Redlock(ShowsSettings):
         except QuorumUnavailable as exc:
             released = exc
         judge_exit(lease, lost, released)
+
+    def admit(
+        self,
+        key: str,
+        rate: Union[str, tuple[int, float]],
+        *,
+        timeout: Optional[Duration] = 0,
+        holder: Optional[str] = None,
+    ) -> float:
+        """A start under ``rate`` on ``key``: at most R starts per period across every
+        caller, in any window of that length (``"10/s"``, ``"100/m"``, ``"1000/h"``,
+        ``"5/10s"`` or a ``(count, seconds)`` pair; the nodes' clocks, never ours).
+
+        Returns 0.0 when a start was admitted and counted: start now. Otherwise the
+        seconds until the window admits one, nothing counted -- after waiting up to
+        ``timeout`` seconds for it (default 0: one try; ``None``: until admitted).
+        Raises ``QuorumUnavailable`` when too few nodes answered. Every caller of
+        one key must give the same rate (``ConfigurationError`` otherwise). A start
+        cannot be taken back: its place in the window frees when the window passes.
+        """
+        return self._drive(self._rules.admit_steps(key, rate, holder, timeout))
 
     # -- release, inspection and operators' deletions ------------------------------
 

@@ -58,7 +58,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 from ..errors import AlreadyHeld, QuorumUnavailable
 from ..wire.resp import Command
 from ..wire.round import NOT_AWAITED
-from . import scripts, validate
+from . import permit_steps, scripts, validate
 from .acquire_replies import UNAVAILABLE, Attempt, is_granted, why_not
 from .commands import (
     Keys,
@@ -74,9 +74,11 @@ from .commands import (
 )
 from .extend_replies import extension_outcome, extension_ttl
 from .lease import Duration, Extension, LeaseState
+from .permit_steps import permit_attempt_steps
+from .permits import Terms
 from .quorum import is_answer, is_one, lease_value, quorum
 from .reentry import HeldLeases, is_reentered
-from .settings import Settings
+from .settings import Settings, holder_argument
 from .steps import Ask, Pause, Settle, Steps
 from .stored import INTERNAL, HolderInfo, NodeHolding, read_holding
 
@@ -142,6 +144,7 @@ class LockRules:
         holder: Optional[str],
         token: Optional[str],
         reentrant: bool = False,
+        limit: object = 1,
     ) -> Steps[Attempt[L]]:
         """Attempts until won, or until ``blocking`` / ``timeout`` say to give up
         (``timeout=None`` or ``inf``: until won; ``retry_count`` then bounds only
@@ -154,10 +157,14 @@ class LockRules:
 
         ``key``: one key, or a list of keys taken together (commands.py). A key this
         execution holds already (``held``): ``AlreadyHeld`` at once, or with
-        ``reentrant`` one more hold of its lease (``reenter_steps``)."""
-        keys, lease_ttl, limit, token, who = self.settings.acquire_arguments(
+        ``reentrant`` one more hold of its lease (``reenter_steps``).
+
+        ``limit``: how many may hold ``key`` at once (permits.py); above 1 the lease
+        is on one of its permits (one key, not re-entered)."""
+        keys, lease_ttl, wait, token, who = self.settings.acquire_arguments(
             key, ttl, blocking, timeout, holder, token, reentrant
         )
+        terms = self.settings.permit_terms(keys, limit, reentrant)
         held = self.held.live(keys)
         if held is not None:
             if not reentrant or held.keys != keys:
@@ -167,10 +174,17 @@ class LockRules:
             if attempt.lease is not None:
                 self.held.add(attempt.lease)
             return attempt
-        give_up = None if limit is None else self.clock() + limit
+        give_up = None if wait is None else self.clock() + wait
         outages = 0
         while True:
-            attempt = yield from self.attempt_steps(owner, lease_class, keys, lease_ttl, who, token)
+            if terms is None:
+                attempt = yield from self.attempt_steps(
+                    owner, lease_class, keys, lease_ttl, who, token
+                )
+            else:
+                attempt = yield from permit_attempt_steps(
+                    self, owner, lease_class, keys[0], terms, lease_ttl, who, token
+                )
             if attempt.lease is not None:
                 self.held.add(attempt.lease)
                 return attempt
@@ -184,6 +198,10 @@ class LockRules:
             pause = self.pause(keys, attempt.holder_ttl, give_up)
             if pause is None:
                 return attempt
+            if terms is not None and attempt.split:
+                # Callers that split the permits all lost: each backs off at random,
+                # not woken together by the next release (they would split again).
+                pause = pause._replace(keys=())
             yield pause
 
     def pause(
@@ -300,6 +318,25 @@ class LockRules:
             return Attempt(lease)
         yield Ask(undo(), 0.0, wait=False, deliver=True)
         return self.why_not(held.keys, results)
+
+    def admit_steps(
+        self, key: str, rate: object, holder: Optional[str], timeout: object
+    ) -> Steps[float]:
+        """Tries to start under ``rate`` on ``key`` (permit_steps.admit_steps), with
+        a ``Pause`` until the window admits one, for up to ``timeout`` seconds
+        (None: until admitted): 0.0 once admitted, else the wait still needed."""
+        key = validate.lock_key_name(key, reserved=INTERNAL)
+        terms = Terms.rate(rate)
+        who = holder_argument(holder)
+        limit = validate.wait_limit("timeout", timeout)
+        give_up = None if limit is None else self.clock() + limit
+        while True:
+            wait = yield from permit_steps.admit_steps(self, key, terms, who)
+            if wait == 0.0:
+                return 0.0
+            if give_up is not None and give_up - self.clock() < wait:
+                return wait
+            yield Pause(wait)
 
     # -- extend, release, queries -----------------------------------------------------
 

@@ -5,8 +5,9 @@ still holds our value, so a client whose lease ran out (and whose key was taken 
 someone else) can never touch the new holder's lock. Each one is a single command on
 the wire (EVALSHA), which is what keeps a lock operation at one command per node.
 
-The multi-key scripts live in multi_scripts.py and the ``Script`` class in wire/script.py
-(re-exported here); this module imports only those two.
+The multi-key scripts live in multi_scripts.py, those of limits and rates in
+permit_scripts.py, and the ``Script`` class in wire/script.py (re-exported here);
+this module imports only those and stored.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .multi_scripts import (
     OWNED_MULTI,
     RELEASE_MULTI,
 )
+from .permit_scripts import PERMIT_SCRIPTS
 from .stored import WAKE_SUFFIX, publish_wake
 
 __all__ = [
@@ -352,6 +354,7 @@ ALL_SCRIPTS: Final = (
     EXTEND_HOLD,
     RELEASE_HOLD,
     *MULTI_SCRIPTS,
+    *PERMIT_SCRIPTS,
     EXTEND_MANY,
     REGISTER_WAITER,
     POP_WAITER,

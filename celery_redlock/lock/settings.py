@@ -6,7 +6,7 @@
 it on every operation. Per call, ``acquire``'s own arguments override the defaults
 (``Settings.acquire_arguments``), as node-redlock's frozen settings do.
 
-No I/O. Imports validate.py, quorum.py, commands.py and stored.py; must not import
+No I/O. Imports validate.py, quorum.py, commands.py, permits.py and stored.py; must not import
 rules.py, node_set.py, redlock.py, asyncio or Celery.
 """
 
@@ -19,10 +19,11 @@ from typing import Generic, Optional, Protocol, TypeVar, Union, overload
 from ..errors import ConfigurationError
 from . import validate
 from .commands import Keys, lock_keys
+from .permits import Terms
 from .quorum import CLOCK_PRECISION, token_argument
 from .stored import default_holder
 
-__all__ = ["DEFAULTS", "AcquireArguments", "Settings", "ShowsSettings"]
+__all__ = ["DEFAULTS", "AcquireArguments", "Settings", "ShowsSettings", "holder_argument"]
 
 #: acquire's arguments, checked: keys, lease ttl, timeout (None: no limit), the
 #: caller's token (None: a random one), holder.
@@ -124,11 +125,34 @@ class Settings:
             )
         if token is not None:
             token = token_argument(token)
-        if holder is not None and (not isinstance(holder, str) or "\n" in holder):
-            raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
-        if holder is not None:
-            validate.utf8_text("holder", holder)
-        return keys, lease_ttl, limit, token, holder or default_holder()
+        return keys, lease_ttl, limit, token, holder_argument(holder)
+
+    def permit_terms(self, keys: Keys, limit: object, reentrant: bool) -> Optional[Terms]:
+        """acquire's ``limit``: None for a mutex (1), else the terms of its permits."""
+        terms = Terms.limit(limit)
+        if terms.count == 1:
+            return None
+        if len(keys) > 1:
+            raise ConfigurationError(
+                f"limit={limit!r} takes one key, got key={list(keys)!r}: a set of keys "
+                "is taken as one mutex (limit=1)"
+            )
+        if reentrant:
+            raise ConfigurationError(
+                f"limit={limit!r} is not re-entered: drop reentrant=True (each acquire "
+                "of a limited key takes one more permit)"
+            )
+        return terms
+
+
+def holder_argument(holder: object) -> str:
+    """Who takes the lock, as stored beside the token: a one-line str (default
+    ``hostname:pid``)."""
+    if holder is None:
+        return default_holder()
+    if not isinstance(holder, str) or "\n" in holder:
+        raise ConfigurationError(f"holder must be a one-line str, got {holder!r}")
+    return validate.utf8_text("holder", holder)
 
 
 #: The defaults of ``Redlock`` and ``AsyncRedlock``'s arguments.

@@ -45,6 +45,9 @@ class Ask(NamedTuple):
     #: Builds what is sent to every node at once, without waiting, when the round is
     #: cancelled (asyncio): an acquire's release, so a cancelled acquire keeps nothing.
     undo: Optional[Callable[[], Command]] = None
+    #: Decides the round early from the results so far (``AWAITED`` for a node not
+    #: heard yet; wire/round.py): for outcomes that are not a count of yes.
+    settled: Optional[Callable[[list[object]], bool]] = None
 
 
 class Pause(NamedTuple):

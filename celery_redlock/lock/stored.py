@@ -24,6 +24,8 @@ __all__ = [
     "FENCE",
     "FIRST_HOLD",
     "INTERNAL",
+    "LIMIT",
+    "RATE",
     "TOMBSTONE",
     "WAKE_SUFFIX",
     "HolderInfo",
@@ -31,6 +33,12 @@ __all__ = [
     "default_holder",
     "fence_counter",
     "is_lock_key",
+    "lua_text",
+    "permit_of",
+    "permit_slot",
+    "permit_slot_prefix",
+    "permit_terms_record",
+    "permit_tombstone",
     "publish_wake",
     "read_holding",
     "reentry_holds",
@@ -57,14 +65,19 @@ WAKE_SUFFIX = INTERNAL + "wake"
 FENCE_COUNTER_TTL = 7 * 24 * 3600.0
 
 
+def lua_text(text: str) -> str:
+    """``text`` as it goes inside a quoted Lua string: control characters (the NUL
+    of the lock's own keys) as decimal escapes."""
+    return "".join(f"\\{ord(c)}" if c < " " else c for c in text)
+
+
 def publish_wake(key: str) -> str:
     """The Lua that tells ``key``'s waiters it was freed (``key``: a Lua expression).
 
     ``redis.pcall``, its outcome ignored: a user whose ACL denies PUBLISH or the
     channel (Redis 7's default ``acl-pubsub-default resetchannels``) still releases;
     its waiters fall back to polling. No subscriber: a hash lookup on the node."""
-    suffix = "".join(f"\\{ord(c)}" if c < " " else c for c in WAKE_SUFFIX)
-    return f"redis.pcall('publish', {key} .. '{suffix}', '')"
+    return f"redis.pcall('publish', {key} .. '{lua_text(WAKE_SUFFIX)}', '')"
 
 
 def tombstone(key: str, value: str) -> str:
@@ -82,6 +95,44 @@ def reentry_holds(key: str, value: str) -> str:
     """Where the nodes count the holds of ``value`` on ``key`` (reentrancy): one set
     per value, so a stale set can never count for the next holder."""
     return f"{key}{HOLDS}{value.partition('|')[0]}"
+
+
+# -- the permits of a limit or a rate (permits.py): slots ``<key>\0limit\0<i>`` or
+# ``<key>\0rate\0<i>``, each an ordinary lock key; the terms every caller of the key
+# agrees on, ``<key>\0limit`` / ``<key>\0rate``; one tombstone per token for all slots.
+
+#: A limit's permits (N holders at once).
+LIMIT = "limit"
+#: A rate's permits (R starts per period).
+RATE = "rate"
+
+
+def permit_slot_prefix(key: str, kind: str) -> str:
+    """Slot i of ``key``'s permits of ``kind`` is this prefix followed by ``str(i)``."""
+    return f"{key}{INTERNAL}{kind}{INTERNAL}"
+
+
+def permit_slot(key: str, kind: str, slot: int) -> str:
+    return f"{permit_slot_prefix(key, kind)}{slot}"
+
+
+def permit_of(name: str) -> Optional[tuple[str, str, int]]:
+    """``(key, kind, slot)`` for a permit slot's name; None for anything else."""
+    key, sep, rest = name.partition(INTERNAL)
+    kind, sep2, slot = rest.partition(INTERNAL)
+    if not sep or not sep2 or kind not in (LIMIT, RATE) or not slot.isdigit():
+        return None
+    return key, kind, int(slot)
+
+
+def permit_terms_record(key: str, kind: str) -> str:
+    """Where the nodes record the terms (N, or R/period) of ``key``'s permits."""
+    return f"{key}{INTERNAL}{kind}"
+
+
+def permit_tombstone(key: str, kind: str, value: str) -> str:
+    """The tombstone a permit release of ``value`` leaves: it covers every slot."""
+    return f"{permit_slot_prefix(key, kind)}released{INTERNAL}{value.partition('|')[0]}"
 
 
 def fence_counter(key: str) -> str:

@@ -23,6 +23,7 @@ Imports errors.py only: every other room may import this one.
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 from typing import Any, Literal, Optional, Sequence
 
@@ -30,6 +31,7 @@ from ..errors import ConfigurationError
 
 __all__ = [
     "FAULT",
+    "MAX_PERMITS",
     "RULE",
     "SETTING",
     "choice",
@@ -42,6 +44,8 @@ __all__ = [
     "lock_key_name",
     "node_list",
     "optional_seconds",
+    "permit_count",
+    "rate",
     "seconds",
     "utf8_text",
 ]
@@ -130,6 +134,56 @@ def count(name: str, value: object, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+#: The most permits one key may have (a limit's N, a rate's R): each acquire reads
+#: up to that many slots inside one script on every node, which blocks it meanwhile.
+MAX_PERMITS = 1000
+
+
+def permit_count(name: str, value: object) -> int:
+    """How many may hold a key at once (a limit's N): an int from 1 to MAX_PERMITS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PERMITS:
+        raise ConfigurationError(
+            f"{name} must be an int from 1 to {MAX_PERMITS} (how many may hold the key "
+            f"at once), got {value!r}"
+        )
+    return value
+
+
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smhd])\s*", re.ASCII)
+
+
+def rate(name: str, value: object) -> tuple[int, float]:
+    """A rate as ``(starts, period in seconds)``: ``"R/s"``, ``"R/m"``, ``"R/h"``,
+    ``"R/d"`` (also ``"R/10s"``: R per 10 seconds), or a ``(count, seconds)`` pair;
+    R from 1 to MAX_PERMITS, the period finite and > 0."""
+    accepted = (
+        f'{name} must be "R/s", "R/m", "R/h" or "R/d" (optionally with a number before '
+        f'the unit, "R/10s"), or a (count, seconds) pair, with R an int from 1 to '
+        f"{MAX_PERMITS}; got {value!r}"
+    )
+    if isinstance(value, str):
+        match = _RATE.fullmatch(value)
+        if match is None:
+            raise ConfigurationError(accepted)
+        count_text, multiple, unit = match.groups()
+        count_value: object = int(count_text)
+        period: object = float(multiple or 1) * _PERIODS[unit]
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        count_value, period = value
+    else:
+        raise ConfigurationError(accepted)
+    if isinstance(count_value, bool) or not isinstance(count_value, int):
+        raise ConfigurationError(accepted)
+    if not 1 <= count_value <= MAX_PERMITS:
+        raise ConfigurationError(accepted)
+    try:
+        seconds_value = seconds(name + " period", period)
+    except ConfigurationError:
+        raise ConfigurationError(accepted) from None
+    return count_value, seconds_value
 
 
 def fraction(name: str, value: object) -> float:

@@ -159,6 +159,7 @@ class NodeSet:
         enough_no: Optional[int] = None,
         wait: bool = True,
         deliver: bool = False,
+        settled: Optional[Callable[[list[object]], bool]] = None,
     ) -> list[object]:
         """Send ``command`` to every node and collect one reply per node.
 
@@ -179,9 +180,10 @@ class NodeSet:
         also those the round stopped waiting for (a release): a connection still
         being set up keeps it, and a NOSCRIPT reply that comes after the round is
         resent as EVAL. Without it, a command not yet sent when the round ends is
-        dropped (an acquire's SET must not land later).
+        dropped (an acquire's SET must not land later). ``settled``: decides the
+        round early from the results so far (wire/round.py).
         """
-        tally = Round(len(self.nodes), is_yes, enough_yes, enough_no)
+        tally = Round(len(self.nodes), is_yes, enough_yes, enough_no, settled)
 
         def resend(i: int, reply: object) -> Optional[Command]:
             return command if tally.replied(i, reply) else None

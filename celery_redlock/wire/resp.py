@@ -71,6 +71,10 @@ class Command:
             self._keys + self._args
         )
 
+    def evalsha_args(self) -> tuple[object, ...]:
+        """The call as ``EVALSHA`` arguments, for a plain client (tests, tools)."""
+        return (self.script.sha, len(self._keys), *self._keys, *self._args)
+
     def fallback(self) -> bytes:
         """The same call as EVAL, for a node that answered NOSCRIPT."""
         return pack(b"EVAL", self.script.source, len(self._keys), *self._keys, *self._args)

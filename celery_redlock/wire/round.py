@@ -10,7 +10,9 @@ tomorrow), so it lives here, fed with events:
 - ``deadline_passed(names, timeout)``: every node still awaited timed out.
 
 ``decided`` turns True once ``enough_yes`` replies satisfy ``is_yes`` or ``enough_no``
-do not (failures count as no): the driver stops reading then. ``finish()`` gives one
+do not (failures count as no), or once ``settled`` says so of the results so far
+(a round whose outcome is not a count of yes, e.g. a quorum on one of several
+values): the driver stops reading then. ``finish()`` gives one
 entry per node: the reply, the exception, a ``redis.TimeoutError``, or
 ``NOT_AWAITED`` (the outcome was decided before that node answered).
 
@@ -30,7 +32,7 @@ from typing import Callable, Final, Optional, Sequence
 
 from redis import exceptions as rexc
 
-__all__ = ["NOT_AWAITED", "Batch", "Round"]
+__all__ = ["AWAITED", "NOT_AWAITED", "Batch", "Round"]
 
 
 class _NotAwaited:
@@ -56,7 +58,9 @@ AWAITED: Final = _Awaited()
 class Round:
     """The tally of one command sent to ``count`` nodes."""
 
-    __slots__ = ("_enough_no", "_enough_yes", "_is_yes", "decided", "no", "results", "yes")
+    __slots__ = (
+        "_enough_no", "_enough_yes", "_is_yes", "_settled", "decided", "no", "results", "yes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -64,10 +68,12 @@ class Round:
         is_yes: Callable[[object], bool] = bool,
         enough_yes: Optional[int] = None,
         enough_no: Optional[int] = None,
+        settled: Optional[Callable[[list[object]], bool]] = None,
     ) -> None:
         #: One entry per node: ``AWAITED`` until the node answers or fails.
         self.results: list[object] = [AWAITED] * count
         self._is_yes = is_yes
+        self._settled = settled
         # None: never decided early, every node is heard (or times out).
         self._enough_yes = count + 1 if enough_yes is None else enough_yes
         self._enough_no = count + 1 if enough_no is None else enough_no
@@ -90,6 +96,7 @@ class Round:
         self.no += 1
         if self.no >= self._enough_no:
             self.decided = True
+        self._settle()
 
     def replied(self, node: int, reply: object) -> bool:
         """``node`` answered. True: it answered NOSCRIPT, send it the command again
@@ -105,7 +112,12 @@ class Round:
             self.no += 1
             if self.no >= self._enough_no:
                 self.decided = True
+        self._settle()
         return False
+
+    def _settle(self) -> None:
+        if self._settled is not None and not self.decided and self._settled(self.results):
+            self.decided = True
 
     def deadline_passed(self, names: Sequence[str], timeout: float) -> None:
         """The round's deadline passed: every node still awaited timed out.

@@ -1,0 +1,124 @@
+"""The Lua scripts of limits and rates: a key's N permit slots on one node.
+
+Split from scripts.py by feature; the same rules hold (each script atomic on its
+node, a slot changed only after checking it holds our value). A key's slots are
+ordinary lock keys named ``<key>\\0limit\\0<i>`` (a limit) or ``<key>\\0rate\\0<i>``
+(a rate), i from 0 to N - 1 (permits.py names them); each holds one holder's value
+exactly as a mutex key does. The scripts build the slot names from the prefix they
+are given, so a key with a thousand permits costs one short command, and every slot
+shares the key's prefix (one ACL pattern, and one cluster hash slot once the key is
+hash-tagged). SAFETY.md "Limits (N at a time)" says why the lowest free slot.
+
+Imports wire/script.py and stored.py only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..wire.script import Script
+from .stored import FENCE, lua_text, publish_wake
+
+__all__ = ["ACQUIRE_PERMIT", "DROP_PERMITS", "PERMIT_SCRIPTS", "RELEASE_PERMIT"]
+
+ACQUIRE_PERMIT: Final = Script(
+    """
+-- KEYS[1] the key's terms record (what every caller of the key must agree on: the
+-- limit N, or a rate's R/period); KEYS[2] the tombstone of our token for its slots;
+-- a limit's KEYS[3] the key itself (held there: a caller takes it as a mutex)
+-- ARGV[1] our value; ARGV[2] ttl in ms; ARGV[3] N slots; ARGV[4] the slots' name
+-- prefix (slot i is ARGV[4] .. i); ARGV[5] '1' when fenced; ARGV[6] the terms
+-- returns {1, counter, i}: slot i was free (the lowest free one) and now holds our
+--           value for ttl, or already held it (the same call resent); counter: the
+--           slot's fence counter when fenced, else 0;
+--         {false, -4, holder value, pttl}: every slot is taken; the slot that
+--           frees first, and when;
+--         {false, -3, terms}: the record names other terms, or '1' when the key is
+--           held as a mutex (callers disagree);
+--         {false, -2}: our own release already passed by (a late call: nothing set)
+local terms = redis.call('get', KEYS[1])
+if terms and terms ~= ARGV[6] then
+  return {false, -3, terms}
+end
+if KEYS[3] and redis.call('exists', KEYS[3]) == 1 then
+  return {false, -3, '1'}
+end
+if redis.call('exists', KEYS[2]) == 1 then
+  return {false, -2}
+end
+local ttl = tonumber(ARGV[2])
+local soonest, soonest_ttl = false, -1
+for i = 0, tonumber(ARGV[3]) - 1 do
+  local slot = ARGV[4] .. i
+  local held = redis.call('get', slot)
+  if not held or held == ARGV[1] then
+    if not held then
+      redis.call('set', slot, ARGV[1], 'PX', ttl)
+    end
+    if redis.call('pttl', KEYS[1]) < ttl then
+      redis.call('set', KEYS[1], ARGV[6], 'PX', ttl)
+    end
+    local counter = 0
+    if ARGV[5] == '1' then
+      counter = tonumber(redis.call('get', slot .. 'FENCE') or '0')
+    end
+    return {1, counter, i}
+  end
+  local left = redis.call('pttl', slot)
+  if soonest_ttl < 0 or left < soonest_ttl then
+    soonest, soonest_ttl = held, left
+  end
+end
+return {false, -4, soonest, soonest_ttl}
+""".replace("FENCE", lua_text(FENCE))
+)
+
+RELEASE_PERMIT: Final = Script(
+    """
+-- KEYS[1] a slot; KEYS[2] the tombstone of our token for the key's slots
+-- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] the key (its wake channel)
+-- returns 1 when the slot held our value and is now deleted (published on the key's
+-- wake channel: a blocked acquirer of any of its permits wakes); 0 when it was not
+-- ours (untouched), and then a tombstone: our acquire may still be on its way, and
+-- it would take whichever slot is free, so the tombstone covers every slot.
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+  WAKE(ARGV[3])
+  return 1
+end
+redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
+return 0
+""".replace("WAKE(ARGV[3])", publish_wake("ARGV[3]"))
+)
+
+DROP_PERMITS: Final = Script(
+    """
+-- KEYS[1] the tombstone of our token for the key's slots
+-- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] N slots; ARGV[4] the slots'
+-- name prefix; ARGV[5] the slot to keep (-1: none); ARGV[6] the key (wake channel)
+-- Deletes our value from every slot but the one kept: the undo of a lost round
+-- (keep -1, which also leaves the tombstone, so a late acquire sets nothing), or the
+-- clean-up after a won round where this node gave us another slot than the quorum.
+-- returns how many slots it deleted (published once on the key's wake channel).
+local keep = tonumber(ARGV[5])
+local dropped = 0
+for i = 0, tonumber(ARGV[3]) - 1 do
+  if i ~= keep then
+    local slot = ARGV[4] .. i
+    if redis.call('get', slot) == ARGV[1] then
+      redis.call('del', slot)
+      dropped = dropped + 1
+    end
+  end
+end
+if dropped > 0 then
+  WAKE(ARGV[6])
+end
+if keep < 0 then
+  redis.call('set', KEYS[1], '1', 'PX', ARGV[2])
+end
+return dropped
+""".replace("WAKE(ARGV[6])", publish_wake("ARGV[6]"))
+)
+
+PERMIT_SCRIPTS: Final = (ACQUIRE_PERMIT, RELEASE_PERMIT, DROP_PERMITS)
