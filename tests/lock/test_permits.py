@@ -177,7 +177,8 @@ def test_a_late_acquire_after_its_release_sets_nothing(redis_nodes: RedisNodes) 
     redis_nodes[0].client().delete(*lease.keys)
     assert lease.release()
     command = acquire_permit_command("late", Terms.limit(2), lease.value, TTL, False)
-    reply = redis_nodes[0].client().execute_command("EVALSHA", *command.evalsha_args())
+    client = redis_nodes[0].client()
+    reply = client.execute_command("EVALSHA", *command.evalsha_args())  # type: ignore[no-untyped-call]
     assert reply == [None, -2]
     assert _slots_held(redis_nodes, "late", 2) == [[False, False]] * 5
 
