@@ -13,7 +13,9 @@ What you get (prefix ``celery_redlock_``; label ``task`` is the task name)::
 
     acquire_seconds{task}           histogram  time to win the lock (0.5 ms .. 1 s buckets)
     contended_total{task,action}    counter    duplicates that met a held lock;
-                                               action = retry | skip | fail
+                                               action = retry | skip | fail | wait
+    limited_total{task,kind}        counter    copies turned away by a limit or rate:
+                                               kind = limit | rate
     extended_total{task}            counter    watchdog renewals
     lost_total{task}                counter    leases lost while the task ran
     hold_seconds{task}              histogram  acquire to release (0.1 s .. 6 h buckets)
@@ -163,6 +165,13 @@ class RedlockMetrics:
             ["task", "action"],
             registry=registry,
         )
+        self.limited_total = Counter(
+            "celery_redlock_limited",
+            "Task executions turned away because every permit of their key was taken "
+            "(kind=limit) or its rate was reached (kind=rate; they come back later).",
+            ["task", "kind"],
+            registry=registry,
+        )
         self.extended_total = Counter(
             "celery_redlock_extended",
             "Lease renewals by the watchdog.",
@@ -237,8 +246,13 @@ class RedlockMetrics:
         finalizer = weakref.finalize(lease, self._uncount, lease_id)
         finalizer.atexit = False
 
-    def _on_contended(self, sender: Any = None, action: Any = None, **_: Any) -> None:
-        self.contended_total.labels(_task_name(sender), str(action)).inc()
+    def _on_contended(
+        self, sender: Any = None, action: Any = None, limit: Any = None, **_: Any
+    ) -> None:
+        task = _task_name(sender)
+        self.contended_total.labels(task, str(action)).inc()
+        if limit:  # "limit 5/5" or "rate 100/m": its first word is the kind
+            self.limited_total.labels(task, str(limit).split()[0]).inc()
 
     def _on_extended(self, sender: Any = None, **_: Any) -> None:
         self.extended_total.labels(_task_name(sender)).inc()
@@ -299,6 +313,7 @@ def uninstall(registry: Optional[CollectorRegistry] = None) -> bool:
     for metric in (
         metrics.acquire_seconds,
         metrics.contended_total,
+        metrics.limited_total,
         metrics.extended_total,
         metrics.lost_total,
         metrics.hold_seconds,

@@ -27,11 +27,16 @@ lock_acquired = Signal(
 
 lock_contended = Signal(
     name="lock_contended",
-    providing_args={"task_id", "key", "holder", "ttl", "action", "countdown", "attempt"},
-)
+    providing_args={
+        "task_id", "key", "holder", "ttl", "action", "countdown", "attempt", "limit",
+    },
+)  # fmt: skip
 """Another holder has the lock. ``holder``: who (``task-id@worker:pid``); ``ttl``: seconds
-until it frees (None if unknown); ``action``: ``"retry"``, ``"skip"`` or ``"fail"``;
-``countdown`` (seconds) and ``attempt`` (1-based lock retry) when retrying, else None."""
+until it frees (None if unknown); ``action``: ``"retry"``, ``"skip"`` or ``"fail"``, or
+``"wait"`` for a copy over its rate (it comes back, spending no lock retry);
+``countdown`` (seconds) when it comes back, ``attempt`` (1-based lock retry) when
+retrying, else None; ``limit``: what was reached on a key with several permits
+(``"limit 5/5"``, ``"rate 100/m"``), None for a mutex."""
 
 lock_extended = Signal(
     name="lock_extended",

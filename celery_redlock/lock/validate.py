@@ -34,6 +34,7 @@ __all__ = [
     "MAX_PERMITS",
     "RULE",
     "SETTING",
+    "UNLIMITED",
     "choice",
     "count",
     "flag",
@@ -43,10 +44,12 @@ __all__ = [
     "lock_key_list",
     "lock_key_name",
     "node_list",
+    "optional_rate",
     "optional_seconds",
     "permit_count",
     "rate",
     "seconds",
+    "task_limit",
     "utf8_text",
 ]
 
@@ -149,6 +152,27 @@ def permit_count(name: str, value: object) -> int:
             f"at once), got {value!r}"
         )
     return value
+
+
+#: ``redlock_limit``'s word for "no limit on how many at once" (a rate only).
+UNLIMITED = "unlimited"
+
+
+def task_limit(name: str, value: object) -> object:
+    """A task's limit: an int from 1 to MAX_PERMITS, or ``"unlimited"``."""
+    if value == UNLIMITED and isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PERMITS:
+        raise ConfigurationError(
+            f"{name} must be an int from 1 to {MAX_PERMITS} (how many may run at once per "
+            f'lock key) or "{UNLIMITED}" (with a rate only), got {value!r}'
+        )
+    return value
+
+
+def optional_rate(name: str, value: object) -> Optional[tuple[int, float]]:
+    """None (no rate) or a rate (``rate``)."""
+    return None if value is None else rate(name, value)
 
 
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -60,6 +60,7 @@ def acquire_confirmed(
     retry_unavailable: bool = False,
     pause: tuple[float, float] = (0.001, 0.02),
     on_split: Optional[Callable[[], None]] = None,
+    limit: int = 1,
 ) -> Union[Lease, Refused]:
     """Our lease, or :class:`Refused` once a quorum names a holder or ``give_up``
     (``time.monotonic()``) has passed.
@@ -68,16 +69,25 @@ def acquire_confirmed(
     range of the random pause between attempts, seconds. ``retry_unavailable``:
     retry QuorumUnavailable too until ``give_up`` (a loaded client can stretch a
     round past ``node_timeout``); else it is raised at once. ``on_split``: called
-    before each retry of a split vote (the caller's log line).
+    before each retry of a split vote (the caller's log line). ``limit``: the key's
+    permits (lock/permits.py); all taken on a quorum is a refusal as sure as a
+    holder a quorum agrees on.
     """
     while True:
         lease_ttl = ttl() if callable(ttl) else ttl
         try:
-            return redlock.try_acquire(key, ttl=lease_ttl, blocking=False, holder=holder)
+            return redlock.try_acquire(
+                key, ttl=lease_ttl, blocking=False, holder=holder, limit=limit
+            )
         except LockContended as exc:
-            info = redlock.holder(key)
-            if info.holder or time.monotonic() > give_up:
+            if exc.limit is not None:  # every permit taken, on a quorum
+                return Refused(exc.holder, exc.ttl, exc)
+            # A limited key's other refusal is a split: nobody to ask about.
+            info = redlock.holder(key) if limit == 1 else None
+            if info is not None and info.holder:
                 return Refused(info.holder, info.ttl, exc)
+            if time.monotonic() > give_up:
+                return Refused(None, None, exc)
             if on_split is not None:
                 on_split()
         except QuorumUnavailable:
@@ -94,20 +104,24 @@ def acquire_or_contended(
     patience: float,
     *,
     retry_unavailable: bool = False,
+    limit: int = 1,
 ) -> Lease:
-    """Our lease, or ``LockContended`` naming the holder a quorum agrees on, after
-    trying for at most ``patience`` seconds; when none did by then, ``LockContended``
-    with ``split=True`` (and the last refusal's holder, one node's word)."""
+    """Our lease, or ``LockContended`` naming the holder a quorum agrees on (with a
+    ``limit``: every permit taken on a quorum), after trying for at most
+    ``patience`` seconds; when none did by then, ``LockContended`` with
+    ``split=True`` (and the last refusal's holder, one node's word)."""
     give_up = time.monotonic() + patience
     result = acquire_confirmed(
-        redlock, key, ttl, holder, give_up, retry_unavailable=retry_unavailable
+        redlock, key, ttl, holder, give_up, retry_unavailable=retry_unavailable, limit=limit
     )
     if isinstance(result, Refused):
         raise LockContended(
             key,
             result.holder or result.last.holder,
             result.ttl or result.last.ttl,
-            split=result.holder is None,  # nobody holds a quorum: try again, never drop
+            # Nobody holds a quorum: try again, never drop.
+            split=result.holder is None and result.last.limit is None,
+            limit=result.last.limit,
         )
     return result
 

@@ -131,6 +131,25 @@ OPTIONS: tuple[Option, ...] = (
         unit="s",
     ),
     Option(
+        "redlock_limit",
+        1,
+        validate.task_limit,
+        "task",
+        "how many bodies may run at once per lock key across every worker (1 to 1000; "
+        '1: a mutex); each holds its own lease on one of the key\'s permits. `"unlimited"`: '
+        "no such limit, with `redlock_rate` only",
+    ),
+    Option(
+        "redlock_rate",
+        None,
+        validate.optional_rate,
+        "task",
+        'at most R body starts per lock key in any window of the period: `"10/s"`, '
+        '`"100/m"`, `"1000/h"`, `"5/10s"` or `(count, seconds)`; on the lock nodes\' '
+        "clocks. A copy over the rate comes back when the window admits it, without "
+        "spending `redlock_max_retries`",
+    ),
+    Option(
         "redlock_on_contended",
         "retry",
         partial(validate.choice, accepted=ON_CONTENDED),
@@ -277,6 +296,8 @@ class TaskOptions:
     node_timeout: float
     key: Union[str, tuple[str, ...], Callable[..., str], None]
     ttl: float
+    limit: Union[int, str]
+    rate: Optional[tuple[int, float]]
     on_contended: str
     retry_backoff: float
     retry_backoff_max: float
@@ -299,6 +320,12 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
         raise ConfigurationError(
             f"redlock_node_timeout ({options.node_timeout}s) must be smaller than "
             f"redlock_ttl ({options.ttl}s)"
+        )
+    if options.limit == validate.UNLIMITED and options.rate is None:
+        raise ConfigurationError(
+            f'redlock_limit="{validate.UNLIMITED}" needs redlock_rate: with neither, '
+            "nothing would limit the task (give a rate, or a limit from 1 to "
+            f"{validate.MAX_PERMITS})"
         )
     if options.retry_backoff_max < options.retry_backoff:
         raise ConfigurationError(

@@ -83,7 +83,7 @@ from ..lock.redlock import Lease, Redlock
 from ..lock.watchdog import get_watchdog
 from ..skipped import SKIPPED, is_skipped, skipped_result
 from . import handoff as waiting
-from . import queue_once
+from . import limits, queue_once
 from .call_options import once_task_options
 from .config import app_config
 from .contention import acquire_or_contended, retry_countdown, verdict
@@ -256,12 +256,9 @@ class RedlockTask(Task):  # type: ignore[misc]
             return
         while True:  # more than one round only in eager mode, which waits inline
             try:
-                if options.on_contended == "retry":
-                    lease = redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder)
-                else:  # skipping or failing drops this copy: be sure someone holds the lock
-                    lease = acquire_or_contended(
-                        redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE
-                    )
+                # Skipping or failing drops this copy: take_lease makes sure first.
+                lease = limits.take_lease(redlock, key, options, holder, SPLIT_VOTE_PATIENCE)
+                limits.admit_start(self, key, options, redlock, holder, lease)
                 break
             except (LockContended, QuorumUnavailable) as exc:
                 holder_seen = exc.holder if isinstance(exc, LockContended) else None
@@ -274,10 +271,15 @@ class RedlockTask(Task):  # type: ignore[misc]
         self._redlock_hold(task_id, key, options, lease, started)
 
     def _redlock_hold(
-        self, task_id: str, key: str, options: TaskOptions, lease: Lease, started: float
-    ) -> None:
-        """This execution won ``lease``: bound and watch it, free the queue place."""
+        self, task_id: str, key: str, options: TaskOptions, lease: Optional[Lease],
+        started: float,
+    ) -> None:  # fmt: skip
+        """This execution won ``lease`` (None: a rate only, no lease): bound and watch
+        it, free the queue place."""
         request = self.request
+        if lease is None:
+            queue_once.hand_back(self, key, options)
+            return
         hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
         lease.max_hold = options.max_hold
         if hard_limit:
@@ -355,6 +357,13 @@ class RedlockTask(Task):  # type: ignore[misc]
                 "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
                 self.name, request.id, key, exc, then,
             )  # fmt: skip
+        elif isinstance(exc, LockContended) and exc.limit and not split:
+            left = f"{ttl:.1f}s" if ttl is not None else "unknown"
+            logger.warning(
+                "lock contended: task %s[%s] key %s: %s taken by %s and others (one frees "
+                "in %s) -> %s",
+                self.name, request.id, key, exc.limit, holder or "unknown", left, then,
+            )  # fmt: skip
         elif split:
             logger.warning(
                 "lock contended: task %s[%s] key %s: vote split, nobody holds a quorum "
@@ -376,6 +385,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             action=action,
             countdown=countdown,
             attempt=attempt if action == "retry" else None,
+            limit=exc.limit if isinstance(exc, LockContended) else None,
         )
         if action == "retry":
             assert countdown is not None

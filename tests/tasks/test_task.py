@@ -450,6 +450,12 @@ def test_redlock_task_decorator_is_app_task_with_the_base(app: Celery) -> None:
         ({"redlock_tll": 5}, "unknown option 'redlock_tll'"),
         ({"redlock_key": 42}, "redlock_key must be None"),
         ({"redlock_key": "import:{nope}"}, "nope"),
+        ({"redlock_limit": 0}, "redlock_limit must be an int from 1 to 1000"),
+        ({"redlock_limit": "5"}, "redlock_limit must be an int from 1 to 1000"),
+        ({"redlock_limit": "unlimited"}, 'redlock_limit="unlimited" needs redlock_rate'),
+        ({"redlock_rate": "10/fortnight"}, 'redlock_rate must be "R/s", "R/m"'),
+        ({"redlock_rate": (0, 1)}, 'redlock_rate must be "R/s", "R/m"'),
+        ({"redlock_rate": (5, -1)}, 'redlock_rate must be "R/s", "R/m"'),
     ],
 )
 def test_bad_task_option_is_a_clear_error_for_the_caller_and_the_worker_lives_on(

@@ -1,0 +1,134 @@
+"""Limits and rates for tasks, the Celery side (``redlock_limit``, ``redlock_rate``).
+
+task.py calls two things here, in this order, before a body starts:
+
+- :func:`take_lease` -- the run-time lease: the key's mutex (``redlock_limit=1``,
+  the default), one of its N permits (``redlock_limit=N``, lock/permits.py), or
+  none (``"unlimited"``, a rate only). A refusal is ``LockContended`` as ever, its
+  ``limit`` naming what was reached; task.py retries, skips or fails the copy.
+- :func:`admit_start` -- a start under ``redlock_rate``: counted on the nodes and
+  the body runs, or the copy comes back when the window admits it. A copy over the
+  rate is never skipped or failed for it and spends no lock retry: it is published
+  again (same task id, same lock-retry count) with a countdown of the window's
+  wait plus a random share of the period, so copies refused together do not all
+  come back together. Eager mode waits inline.
+
+The permit is taken before the start is counted: a start counted for a copy that
+then found every permit taken would be a place in the window nobody used.
+
+Imports lock/redlock.py, lock/permits.py, contention.py, headers.py, options.py,
+signals.py, errors.py and Celery; never task.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Optional
+
+from celery.exceptions import Retry
+
+from .. import signals
+from ..errors import LockContended, RedlockError
+from ..lock.permits import Terms
+from ..lock.redlock import Lease, Redlock
+from ..lock.validate import UNLIMITED
+from .contention import acquire_or_contended
+from .headers import (
+    ARRIVAL_HEADER,
+    COPY_HEADER,
+    ENTRY_HEADER,
+    QUEUED_HEADER,
+    RETRIES_HEADER,
+    TICK_HEADER,
+    WAITER_HEADER,
+    header,
+)
+from .options import TaskOptions
+
+__all__ = ["RATE_SPREAD", "admit_start", "take_lease"]
+
+# The name the task's own lines go under: users filter on it.
+logger = logging.getLogger("celery_redlock.task")
+
+#: What a copy that comes back keeps of its message's headers: its lock retries, its
+#: beat tick, its place in a hand-off queue, its queue-once place.
+KEPT_HEADERS = (RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER)
+
+#: Copies over the rate come back after the window's wait plus a random share of
+#: the period up to this fraction, so a backlog refused together spreads out.
+RATE_SPREAD = 0.5
+
+
+def take_lease(
+    redlock: Redlock, key: str, options: TaskOptions, holder: str, patience: float
+) -> Optional[Lease]:
+    """The run-time lease (None with ``redlock_limit="unlimited"``); raises
+    ``LockContended`` or ``QuorumUnavailable`` when not won. Retrying copies make
+    one attempt; skipping or failing ones make sure first (contention.py)."""
+    if options.limit == UNLIMITED:
+        return None
+    limit = int(options.limit)
+    if options.on_contended == "retry":
+        return redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder, limit=limit)
+    return acquire_or_contended(redlock, key, options.ttl, holder, patience, limit=limit)
+
+
+def admit_start(
+    task: Any, key: str, options: TaskOptions, redlock: Redlock, holder: str,
+    lease: Optional[Lease],
+) -> None:  # fmt: skip
+    """Count this start under the task's rate, or bring the copy back when the
+    window admits it (``Retry``; ``lease`` released first). Raises
+    ``QuorumUnavailable`` (``lease`` released) when too few nodes answered."""
+    if options.rate is None:
+        return
+    request = task.request
+    try:
+        wait = redlock.admit(
+            key, options.rate, holder=holder, timeout=None if request.is_eager else 0
+        )
+    except RedlockError:
+        _release(lease, key)
+        raise
+    if wait == 0.0:
+        return
+    _release(lease, key)
+    terms = str(Terms.rate(options.rate))
+    countdown = wait + random.uniform(0.0, options.rate[1] * RATE_SPREAD)
+    logger.info(
+        "rate reached: task %s[%s] key %s: %s, next start in %.1fs -> comes back in %.1fs",
+        task.name, request.id, key, terms, wait, countdown,
+    )  # fmt: skip
+    signals.lock_contended.send(
+        sender=task, task_id=request.id, key=key, holder=None, ttl=wait, action="wait",
+        countdown=countdown, attempt=None, limit=terms,
+    )  # fmt: skip
+    raise _come_back(task, countdown, LockContended(key, None, wait, limit=terms))
+
+
+def _release(lease: Optional[Lease], key: str) -> None:
+    """Give the permit back before leaving (it would free at its TTL anyway)."""
+    if lease is None:
+        return
+    try:
+        lease.release()
+    except Exception:
+        logger.warning("releasing lock %s failed; it expires within its TTL", key, exc_info=True)
+
+
+def _come_back(task: Any, countdown: float, exc: LockContended) -> Retry:
+    """Publish this copy again in ``countdown`` s: same task id, same headers (its
+    lock retries unspent), without a hand-off waiter's ids (those were this
+    message's own)."""
+    request = task.request
+    headers = dict(request.headers or {})
+    for name in (WAITER_HEADER, COPY_HEADER):
+        headers.pop(name, None)
+    for name in KEPT_HEADERS:  # a worker's request may carry them as attributes only
+        value = header(request, name)
+        if value is not None:
+            headers[name] = value
+    signature = task.signature_from_request(request, None, None, headers=headers)
+    signature.apply_async(countdown=countdown, headers=headers)
+    return Retry(exc=exc, when=countdown, sig=signature)
