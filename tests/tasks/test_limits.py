@@ -80,14 +80,13 @@ def contended() -> Iterator[list[dict[str, Any]]]:
 
 
 def _define(app: Celery, observer: Observer, name: str, **options: Any) -> Any:
-    @app.task(shared=False, base=RedlockTask, name=name, redlock_ttl=5, **options)
     def body(tag: str, seconds: float = 0.0, n: int = 0) -> int:
         observer.enter(tag)
         time.sleep(seconds)
         observer.leave(tag)
         return n
 
-    return body
+    return app.task(shared=False, base=RedlockTask, name=name, redlock_ttl=5, **options)(body)
 
 
 def _results(results: list[AsyncResult], timeout: float) -> list[Any]:
