@@ -32,6 +32,8 @@ from .stored import (
     INTERNAL,
     fence_counter,
     permit_of,
+    permit_slot_prefix,
+    permit_terms_record,
     permit_tombstone,
     reentry_holds,
     tombstone,
@@ -153,8 +155,8 @@ def release_command(
         base, kind, _ = permit
         return Command(
             permit_scripts.RELEASE_PERMIT,
-            [key, permit_tombstone(base, kind, value)],
-            [value, ms(ttl), base],
+            [key, permit_tombstone(base, kind, value), permit_terms_record(base, kind)],
+            [value, ms(ttl), base, permit_slot_prefix(base, kind)],
         )
     if hold is None:
         return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])

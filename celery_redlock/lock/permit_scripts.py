@@ -27,10 +27,13 @@ ACQUIRE_PERMIT: Final = Script(
 -- limit N, or a rate's R/period); KEYS[2] the tombstone of our token for its slots;
 -- a limit's KEYS[3] the key itself (held there: a caller takes it as a mutex)
 -- ARGV[1] our value; ARGV[2] ttl in ms; ARGV[3] N slots; ARGV[4] the slots' name
--- prefix (slot i is ARGV[4] .. i); ARGV[5] '1' when fenced; ARGV[6] the terms
--- returns {1, counter, i}: slot i was free (the lowest free one) and now holds our
---           value for ttl, or already held it (the same call resent); counter: the
---           slot's fence counter when fenced, else 0;
+-- prefix (slot i is ARGV[4] .. i); ARGV[5] '1' when fenced; ARGV[6] the terms;
+-- ARGV[7] where this round's scan starts (0..N-1, the caller's random pick: every
+-- node starts there for this caller, racing callers start apart)
+-- returns {1, counter, i}: slot i was free (the first free one from the start, in
+--           order, wrapping) and now holds our value for ttl, or already held it
+--           (the same call resent); counter: the slot's fence counter when
+--           fenced, else 0;
 --         {false, -4, holder value, pttl}: every slot is taken; the slot that
 --           frees first, and when;
 --         {false, -3, terms}: the record names other terms, or '1' when the key is
@@ -48,7 +51,10 @@ if redis.call('exists', KEYS[2]) == 1 then
 end
 local ttl = tonumber(ARGV[2])
 local soonest, soonest_ttl = false, -1
-for i = 0, tonumber(ARGV[3]) - 1 do
+local n = tonumber(ARGV[3])
+local start = tonumber(ARGV[7])
+for step = 0, n - 1 do
+  local i = (start + step) % n
   local slot = ARGV[4] .. i
   local held = redis.call('get', slot)
   if not held or held == ARGV[1] then
@@ -75,19 +81,37 @@ return {false, -4, soonest, soonest_ttl}
 
 RELEASE_PERMIT: Final = Script(
     """
--- KEYS[1] a slot; KEYS[2] the tombstone of our token for the key's slots
--- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] the key (its wake channel)
--- returns 1 when the slot held our value and is now deleted (published on the key's
--- wake channel: a blocked acquirer of any of its permits wakes); 0 when it was not
--- ours (untouched), and then a tombstone: our acquire may still be on its way, and
--- it would take whichever slot is free, so the tombstone covers every slot.
+-- KEYS[1] a slot; KEYS[2] the tombstone of our token for the key's slots; KEYS[3]
+-- the key's terms record (its N: the slots to look through)
+-- ARGV[1] our value; ARGV[2] tombstone ttl in ms; ARGV[3] the key (its wake channel);
+-- ARGV[4] the slots' name prefix
+-- returns 1 when the slot held our value and is now deleted; 0 when it was not ours
+-- (untouched), and then a tombstone: our acquire may still be on its way, and it
+-- would take whichever slot is free, so the tombstone covers every slot. Either way
+-- our value goes from every other slot too: a node that answered our acquire after
+-- the round was decided may have given us another slot than the quorum's. A
+-- deletion is published on the key's wake channel (a blocked acquirer of any of
+-- its permits wakes).
+local released = 0
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  WAKE(ARGV[3])
-  return 1
+  released = 1
+else
+  redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 end
-redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
-return 0
+local dropped = released
+local n = tonumber(string.match(redis.call('get', KEYS[3]) or '0', '^%d+')) or 0
+for i = 0, n - 1 do
+  local slot = ARGV[4] .. i
+  if slot ~= KEYS[1] and redis.call('get', slot) == ARGV[1] then
+    redis.call('del', slot)
+    dropped = dropped + 1
+  end
+end
+if dropped > 0 then
+  WAKE(ARGV[3])
+end
+return released
 """.replace("WAKE(ARGV[3])", publish_wake("ARGV[3]"))
 )
 

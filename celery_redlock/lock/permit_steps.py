@@ -74,7 +74,8 @@ def permit_attempt_steps(
     value = f"{token}|{holder}"
     undo = functools.partial(drop_permits_command, key, terms, value, ttl)
     started = rules.clock()
-    command = acquire_permit_command(key, terms, value, ttl, settings.fencing)
+    start = random.randrange(terms.count)
+    command = acquire_permit_command(key, terms, value, ttl, settings.fencing, start)
     results = yield _ask(rules, command, undo)
     read = yield from _read(rules, key, terms, results, undo)
     deadline = started + ttl - settings.margin(ttl)
@@ -108,7 +109,8 @@ def admit_steps(rules: LockRules, key: str, terms: Terms, holder: str) -> Steps[
     value = f"{secrets.token_urlsafe(20)}|{holder}"
     undo = functools.partial(drop_permits_command, key, terms, value, hold)
     started = rules.clock()
-    command = acquire_permit_command(key, terms, value, hold, fenced=False)
+    start = random.randrange(terms.count)
+    command = acquire_permit_command(key, terms, value, hold, False, start)
     results = yield _ask(rules, command, undo)
     read = yield from _read(rules, key, terms, results, undo)
     if read.slot is not None:

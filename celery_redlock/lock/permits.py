@@ -95,8 +95,13 @@ def _period_text(period: float) -> str:
     return f"{period:g}s"
 
 
-def acquire_permit_command(key: str, terms: Terms, value: str, ttl: float, fenced: bool) -> Command:
-    """Take the lowest free slot of ``key``'s permits for ``ttl`` s on each node."""
+def acquire_permit_command(
+    key: str, terms: Terms, value: str, ttl: float, fenced: bool, start: int = 0
+) -> Command:
+    """Take the first free slot of ``key``'s permits from slot ``start`` on (in order,
+    wrapping) for ``ttl`` s on each node. Callers pick ``start`` at random per round:
+    every node scans from the same place for one caller, so they agree on its slot
+    unless another caller took it meanwhile, and racing callers aim apart."""
     keys = [permit_terms_record(key, terms.kind), permit_tombstone(key, terms.kind, value)]
     if terms.kind == LIMIT:
         keys.append(key)  # held as a mutex: a caller of the key disagrees
@@ -105,7 +110,7 @@ def acquire_permit_command(key: str, terms: Terms, value: str, ttl: float, fence
         keys,
         [
             value, ms(ttl), terms.count, permit_slot_prefix(key, terms.kind),
-            "1" if fenced else "0", terms.record,
+            "1" if fenced else "0", terms.record, start % terms.count,
         ],
     )  # fmt: skip
 

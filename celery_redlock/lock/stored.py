@@ -15,6 +15,7 @@ Celery.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections import Counter
 from dataclasses import dataclass
@@ -107,6 +108,10 @@ LIMIT = "limit"
 RATE = "rate"
 
 
+#: A slot's number as the scripts write it: decimal, no sign, no leading zero.
+_SLOT = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+
+
 def permit_slot_prefix(key: str, kind: str) -> str:
     """Slot i of ``key``'s permits of ``kind`` is this prefix followed by ``str(i)``."""
     return f"{key}{INTERNAL}{kind}{INTERNAL}"
@@ -120,7 +125,7 @@ def permit_of(name: str) -> Optional[tuple[str, str, int]]:
     """``(key, kind, slot)`` for a permit slot's name; None for anything else."""
     key, sep, rest = name.partition(INTERNAL)
     kind, sep2, slot = rest.partition(INTERNAL)
-    if not sep or not sep2 or kind not in (LIMIT, RATE) or not slot.isdigit():
+    if not sep or not sep2 or kind not in (LIMIT, RATE) or not _SLOT.fullmatch(slot):
         return None
     return key, kind, int(slot)
 

@@ -114,8 +114,11 @@ def publish_retry(
         _register(task, key, options, waiter, headers[ARRIVAL_HEADER], signature, countdown)
         headers[COPY_HEADER] = uuid()  # the fallback's own copy id
     signature.apply_async(countdown=countdown, headers=headers)
-    if waiter is not None and _lock_looks_free(task, key, options):
-        wake_next(task, key, options)  # the release we wait for may have woken nobody
+    # The release we wait for may have come before we registered and woken nobody.
+    # Only a mutex can be read for that (a limit's permits have no one holder to
+    # read); a limited copy's fallback covers it, later.
+    if waiter is not None and options.limit == 1 and _lock_looks_free(task, key, options):
+        wake_next(task, key, options)
     return Retry(exc=exc, when=countdown, sig=signature)
 
 

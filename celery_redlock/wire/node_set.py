@@ -170,11 +170,13 @@ class NodeSet:
         (``redis.ConnectionError``, ``redis.TimeoutError`` for a node that did not
         answer in time, ``redis.ResponseError`` for a script error).
 
-        ``wait=False`` only writes to nodes with an idle, ready connection and returns
-        at once (a failed acquire's clean-up must not wait on hung nodes); their
-        replies are read and dropped by the next round on the same connection (or
-        the finisher), which also keeps the clean-up in order behind the command it
-        undoes.
+        ``wait=False`` writes and returns at once (a failed acquire's clean-up must
+        not wait on hung nodes): to each node's idle connection, or with
+        ``deliver=True`` to a new one being set up where none is idle (the pool's are
+        busy with other threads' or greenlets' rounds); their replies are read and
+        dropped by the next round on the same connection (or the finisher), which
+        also keeps the clean-up in order behind the command it undoes on a
+        connection they share.
 
         ``deliver=True``: the command must reach every node it could be sent to,
         also those the round stopped waiting for (a release): a connection still
@@ -228,7 +230,7 @@ class NodeSet:
             age = owed_age(timeout)
             if age > self._owed_age:
                 self._owed_age = age
-        conns = self._send_all(commands, tally, now, timeout, wait)
+        conns = self._send_all(commands, tally, now, timeout, wait, deliver)
         timed_out = wait and self._collect(driven, conns, now + timeout)
         late = tally.awaited if timed_out else ()
         if timed_out:
@@ -251,9 +253,17 @@ class NodeSet:
             finisher.note(self)
 
     def _send_all(
-        self, commands: Sequence[Command], tally: _Tally, now: float, timeout: float, wait: bool
+        self,
+        commands: Sequence[Command],
+        tally: _Tally,
+        now: float,
+        timeout: float,
+        wait: bool,
+        deliver: bool = False,
     ) -> list[Optional[Connection]]:
-        """Write ``commands`` to every node; the connection each one is awaited on."""
+        """Write ``commands`` to every node; the connection each one is awaited on.
+        A node with no idle connection gets a new one, unless the round neither waits
+        nor must deliver (a command that may be dropped)."""  # fmt: skip
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         # Nodes whose address is known are written first; each Sentinel-managed node
         # still to be found then gets a share of what is left of the deadline, one
@@ -271,7 +281,10 @@ class NodeSet:
                 if node.needs_discovery:
                     budget /= to_find + 1  # and a share left for the replies
                     to_find -= 1
-                conn = node.checkout(wait, now, self._owed_age, budget)
+                # A clean-up that must be delivered (an undo, wait=False) opens a
+                # connection where every pooled one is busy with another caller's
+                # round: dropped, it would leave our entry on that node for its TTL.
+                conn = node.checkout(wait or deliver, now, self._owed_age, budget)
                 if conn is None:
                     continue
                 conns[i] = conn

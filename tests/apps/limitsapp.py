@@ -1,0 +1,85 @@
+"""The Celery app that tests/workers/test_limits_workers.py runs in real ``celery
+worker`` subprocesses: tasks with ``redlock_limit`` and ``redlock_rate``.
+
+Made by tests/apps/factory.py (environment, observer, task bodies: see there). Every
+body is :func:`~tests.apps.factory.pool_body`: it reports its entry, its stay and its
+exit to the observer, which is how the tests judge the limit and the rate. Messages
+are acknowledged late and rejected when their worker is lost, and the Redis
+transport hands an unacked message out again after ``VISIBILITY_TIMEOUT``, so a
+body killed with its process (a prefork child, or a whole worker) runs again: every
+task a test sends ends SUCCESS.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+from celery_redlock import RedlockTask
+from tests.apps import factory
+from tests.apps.factory import observer, pool_body, redlock_task, worker_app
+
+#: At most this many bodies of one tag at once.
+LIMIT = 3
+#: At most this many starts of one tag per second.
+RATE = 20
+#: The lease of the limited tasks, seconds: a killed holder's permit frees within it.
+TTL = 2.0
+
+#: Prefetch: a gevent worker's consumer raises its prefetch for each countdown it
+#: holds only between two reads of the broker (up to 2 s apart), so a low one
+#: starves it of the copies that come back; Celery's own advice for green pools.
+PREFETCH = 4
+#: Seconds an unacked message stays invisible: a killed worker's messages come back
+#: after it (swept every second). Far above any countdown here (at most ~1.5 s).
+VISIBILITY_TIMEOUT = 5
+
+app = worker_app(
+    "limitsapp", 0.05, 0.3, task_acks_late=True, task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=PREFETCH,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        # A worker killed while it sweeps holds the sweep's mutex: the others wait
+        # this long (kombu's default is 5 minutes).
+        "unacked_mutex_expire": 2,
+    },
+)  # fmt: skip
+
+lock_key = partial(factory.lock_key, "lim:{tag}")
+
+
+class AdmittedTask(RedlockTask):
+    """Notes on the observer (``admitted:{counter}``, monotonic ns) the moment its
+    ``before_start`` returned: the start was admitted and nothing was awaited since.
+    A body may begin later than that under a busy gevent hub, so the rate is judged
+    on these times; the bodies' own starts are reported beside them."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        super().before_start(task_id, args, kwargs)
+        admitted = time.monotonic_ns()
+        if not getattr(self.request, "redlock_skipped", None):
+            counter = (kwargs or {}).get("counter", "occ")
+            observer().rpush(f"admitted:{counter}", admitted)
+
+
+def _task(name: str, template: str, **options: Any) -> Any:
+    def run(
+        self: Any, tag: str, seconds: float = 0.0, counter: str = "occ", cpu: float = 0.0
+    ) -> dict[str, Any]:
+        return pool_body(self, tag, seconds, counter, cpu)
+
+    return redlock_task(app, name, run, template, **{"redlock_ttl": TTL, **options})
+
+
+#: N at a time: copies over the limit retry.
+limited = _task("limited", "lim:{tag}", redlock_limit=LIMIT)
+#: N at a time, and a release runs the earliest waiting copy at once (hand-off).
+limited_handoff = _task("limited_handoff", "limh:{tag}", redlock_limit=LIMIT, redlock_handoff=True)
+#: R starts per second, no limit on how many at once.
+rated = _task(
+    "rated", "rate:{tag}", base=AdmittedTask, redlock_limit="unlimited",
+    redlock_rate=f"{RATE}/s",
+)  # fmt: skip

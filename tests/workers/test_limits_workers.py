@@ -1,0 +1,162 @@
+"""``redlock_limit`` and ``redlock_rate`` in real ``celery worker`` subprocesses
+(prefork and gevent), with faults: a lock node SIGSTOPped mid-run, a holder SIGKILLed.
+
+tests/apps/limitsapp.py runs against a real Redis broker, 5 real lock nodes and a
+third Redis, the observer. The limit and the rate are judged from what the bodies
+told the observer (their intervals and start times, on one monotonic clock), never
+from the lock's word. A body killed mid-run counts as inside from its start until
+the kill. Every task sent must end SUCCESS (its message acknowledged late, a killed
+one runs again). The busy share of the permits and the drain rate are printed for
+the report, never asserted: they measure speed, which a loaded machine changes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from tests.apps import limitsapp
+from tests.support.observed import Interval, intervals, runs, starts
+from tests.support.workers import Launch, Stack, eventually, wait_all
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    workers: int
+    concurrency: int
+
+
+POOLS = [
+    pytest.param(Pool("prefork", 2, 4), id="prefork"),
+    pytest.param(Pool("gevent", 2, 10), id="gevent"),
+]
+FAULTS = ["none", "node-stopped", "holder-killed"]
+
+
+def send(stack: Stack, task: str, **kwargs: Any) -> AsyncResult:
+    return stack.client.send_task(f"limitsapp.{task}", kwargs=kwargs)
+
+
+def most_at_once(spans: Sequence[Interval]) -> int:
+    """The most spans that overlap at one instant (a sweep over their ends)."""
+    events = sorted([(s.start, 1) for s in spans] + [(s.end, -1) for s in spans])
+    inside = most = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        inside += step
+        most = max(most, inside)
+    return most
+
+
+def busy_share(spans: Sequence[Interval], permits: int) -> float:
+    """Time inside summed over the spans, over permits x the span of the whole run."""
+    if not spans:
+        return 0.0
+    whole = max(s.end for s in spans) - min(s.start for s in spans)
+    return sum(s.end - s.start for s in spans) / (permits * whole) if whole else 0.0
+
+
+def most_in_window(times: Sequence[int], window: int) -> int:
+    """The most of ``times`` (ns, sorted) in any window of ``window`` ns."""
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+@contextmanager
+def fault(
+    stack: Stack, launch: Launch, pool: Pool, kind: str, counter: str
+) -> Iterator[list[Interval]]:
+    """Inject ``kind`` once the run is under way; yields the spans of killed bodies
+    (their start until the kill), filled in when the fault happened."""
+    killed: list[Interval] = []
+    stopped = None
+    if kind != "none":
+        eventually(lambda: len(starts(stack.observer, counter)) >= 4, 60, "four bodies began")
+    if kind == "node-stopped":
+        stopped = stack.nodes[0]
+        stopped.pause()
+    elif kind == "holder-killed":
+        task_id, pid, start = starts(stack.observer, counter)[-1]
+        os.kill(pid, signal.SIGKILL)  # a prefork child; under gevent, the whole worker
+        killed.append(Interval(task_id, pid, start, time.monotonic_ns()))
+        if pool.name != "prefork":
+            # The whole worker died with its greenlets. A green pool's consumer never
+            # sweeps unacked messages back: a worker that starts does, once they are
+            # older than the visibility timeout.
+            time.sleep(limitsapp.VISIBILITY_TIMEOUT + 1)
+            launch("limitsapp", 1, pool=pool.name, concurrency=pool.concurrency)
+    try:
+        yield killed
+    finally:
+        if stopped is not None:
+            stopped.resume()
+
+
+def settle(stack: Stack, results: Sequence[AsyncResult], timeout: float) -> None:
+    wait_all(results, timeout=timeout)
+    states = {r.id: r.state for r in results}
+    assert [s for s in states.values() if s != "SUCCESS"] == [], states
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_limit_of_3_over_40_copies_never_lets_a_fourth_in(
+    stack: Stack, launch: Launch, pool: Pool, kind: str
+) -> None:
+    launch("limitsapp", pool.workers, pool=pool.name, concurrency=pool.concurrency)
+    counter = f"limit-{kind}"
+    task = "limited_handoff" if kind == "none" else "limited"
+    results = [send(stack, task, tag="n", seconds=0.3, counter=counter) for _ in range(40)]
+    with fault(stack, launch, pool, kind, counter) as killed:
+        settle(stack, results, timeout=180)
+    spans = intervals(stack.observer, counter) + killed
+    assert most_at_once(spans) <= limitsapp.LIMIT
+    assert most_at_once(spans) == limitsapp.LIMIT  # the permits were used, not only kept
+    executed = runs(stack.observer, counter)
+    assert set(executed) == {r.id for r in results}
+    assert sum(executed.values()) == 40 + len(killed)  # a killed body ran again, once
+    print(
+        f"limit {limitsapp.LIMIT}, {pool.name} {pool.workers}x-c{pool.concurrency}, fault "
+        f"{kind}: 40 tasks SUCCESS, most inside {most_at_once(spans)}, busy share of the "
+        f"permits {busy_share(spans, limitsapp.LIMIT):.0%} ({task})"
+    )
+
+
+@pytest.mark.parametrize("kind", ["none", "node-stopped"])
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_rate_of_20_per_second_over_200_copies_holds_in_every_window(
+    stack: Stack, launch: Launch, pool: Pool, kind: str
+) -> None:
+    launch("limitsapp", pool.workers, pool=pool.name, concurrency=pool.concurrency)
+    counter = f"rate-{kind}"
+    results = [send(stack, "rated", tag="r", counter=counter) for _ in range(200)]
+    with fault(stack, launch, pool, kind, counter):
+        settle(stack, results, timeout=180)
+    admitted = sorted(int(t) for t in stack.observer.lrange(f"admitted:{counter}", 0, -1))
+    began = sorted(start for _, _, start in starts(stack.observer, counter))
+    assert len(admitted) == len(began) == 200
+    # Any window of one second: at most RATE starts admitted (noted by the worker
+    # the moment before_start returned, on the machine's monotonic clock).
+    assert most_in_window(admitted, 1_000_000_000) <= limitsapp.RATE
+    span = (began[-1] - began[0]) / 1e9
+    drained = (len(began) - 1) / span / limitsapp.RATE if span else 0.0
+    print(
+        f"rate {limitsapp.RATE}/s, {pool.name} {pool.workers}x-c{pool.concurrency}, fault "
+        f"{kind}: 200 tasks SUCCESS in {span:.1f}s, drained at {drained:.0%} of the rate, "
+        f"most admitted in a 1 s window {most_in_window(admitted, 1_000_000_000)}, most "
+        f"bodies begun in one {most_in_window(began, 1_000_000_000)}"
+    )
