@@ -233,11 +233,13 @@ def check_clock(facts: NodeFacts, config: AppConfig) -> Check:
 def check_lock_keys(facts: NodeFacts, config: AppConfig) -> Check:
     """Every lock key has a TTL (one without is never freed)."""
     partial = "" if facts.scan_complete else " (scan stopped at the time budget)"
+    slots = f" and {facts.permit_slots} permit slot(s)" if facts.permit_slots else ""
     if not facts.keys_without_ttl_count:
         return Check(
             "lock-keys",
             OK if facts.scan_complete else WARNING,
-            f"{facts.lock_keys} lock key(s) under '{config.key_prefix}:', all with a TTL" + partial,
+            f"{facts.lock_keys} lock key(s){slots} under '{config.key_prefix}:', all with a TTL"
+            + partial,
         )
     shown = ", ".join(facts.keys_without_ttl)
     more = facts.keys_without_ttl_count - len(facts.keys_without_ttl)
@@ -246,7 +248,8 @@ def check_lock_keys(facts: NodeFacts, config: AppConfig) -> Check:
         ERROR,
         f"{facts.keys_without_ttl_count} key(s) under '{config.key_prefix}:' without "
         f"a TTL, never freed: {shown}" + (f" and {more} more" if more > 0 else "") + partial,
-        advice="Remove them with: celery -A proj redlock release KEY --force",
+        advice="Remove them with: celery -A proj redlock release KEY --force (a key's "
+        "permit slots: release KEY --force --all-permits)",
     )
 
 
@@ -330,3 +333,66 @@ def check_quorum(facts: Sequence[NodeFacts]) -> Check:
             "the quorum cannot be confirmed",
         )
     return Check("quorum", ERROR, detail + ": no lock can be taken")
+
+
+LIMITS_ADVICE = (
+    "A limited key's permit is won when a majority of the nodes ({need} of {count}) give "
+    "the caller the same slot. Each node gives its lowest free slot, so callers racing "
+    "for the last permits can split the vote: nobody wins, and each retries after a "
+    "random pause. Each node down leaves less room to disagree (with 1 of 5 down, 3 of "
+    "the 4 left must give the same slot), so splits come more often and limited tasks "
+    "wait longer. A rate's starts hold their slots for the whole period: a lock node "
+    "that restarts without its keys must stay down for at least max(largest TTL, "
+    "longest rate period){restart_hint} before it rejoins (the delayed restart), "
+    "otherwise a window can admit more than R starts."
+)
+
+
+def _seconds_text(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def check_limits(facts: Sequence[NodeFacts], config: AppConfig) -> Check:
+    """What limits and rates cost: a permit needs a majority on one slot (splits grow
+    with every node down), and a rate's period lengthens the delayed restart."""
+    count = len(facts)
+    need = quorum(count)
+    reachable = [f for f in facts if f.reachable]
+    limited = max((f.limited_keys for f in reachable), default=0)
+    rated = max((f.rated_keys for f in reachable), default=0)
+    if not limited and not rated:
+        return Check(
+            "limits",
+            OK,
+            f"no limited or rated keys under '{config.key_prefix}:' (a permit needs "
+            f"{need} of {count} nodes to give the same slot)",
+        )
+    ttl = max([config.task_defaults.ttl] + [f.longest_ttl or 0.0 for f in reachable])
+    period = max([0.0] + [f.longest_rate_period or 0.0 for f in reachable])
+    restart = max(ttl, period)
+    hint = f" (here {_seconds_text(restart)}: redlock_ttl or a key's TTL, tasks may set more)"
+    if period > ttl:
+        hint = f" (here {_seconds_text(restart)}: the longest rate period)"
+    message = f"{limited} limited and {rated} rated key(s); a permit needs {need} of {count} nodes"
+    problems = []
+    down = count - len(reachable)
+    if down:
+        problems.append(
+            f"{down} of {count} nodes down: a permit needs {need} of the {count - down} "
+            "left to give the same slot, so racing callers split more often (nobody "
+            "wins; they retry)"
+        )
+    unsynced = any(not (f.appendonly and f.appendfsync == "always") for f in reachable)
+    if period > ttl and unsynced:
+        problems.append(
+            f"the longest rate period ({_seconds_text(period)}) is longer than the "
+            f"largest lock TTL ({_seconds_text(ttl)}): a node restarted without its keys "
+            f"must stay down {_seconds_text(period)}, not the TTL"
+        )
+    advice = LIMITS_ADVICE.format(need=need, count=count, restart_hint=hint)
+    if problems:
+        return Check("limits", WARNING, f"{message}; " + "; ".join(problems), advice)
+    return Check("limits", OK, message, advice)

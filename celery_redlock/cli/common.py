@@ -86,10 +86,79 @@ def full_key(key: str, prefix: str) -> str:
     return f"{prefix}:{key}"
 
 
+def glob_literal(text: str) -> str:
+    """``text`` as a SCAN MATCH glob that matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def prefix_match(prefix: str, pattern: str = "*") -> str:
     """A SCAN MATCH glob for ``pattern`` under ``<prefix>:`` (the prefix taken literally)."""
-    escaped = re.sub(r"([*?\[\]\\])", r"\\\1", prefix)
-    return f"{escaped}:{pattern}"
+    return f"{glob_literal(prefix)}:{pattern}"
+
+
+def glob_match(pattern: str, name: str) -> bool:
+    """Whether ``name`` matches the SCAN MATCH glob ``pattern``, exactly as Redis
+    decides it (util.c ``stringmatchlen``, byte for byte, its quirks included: an
+    unclosed ``[`` takes the rest of the pattern as its set)."""
+    return _glob(pattern.encode(), 0, name.encode(), 0, [False])
+
+
+def _glob(pattern: bytes, p: int, name: bytes, n: int, gave_up: list[bool]) -> bool:
+    while p < len(pattern) and n < len(name):
+        char = pattern[p]
+        if char == ord("*"):
+            while p + 1 < len(pattern) and pattern[p + 1] == ord("*"):
+                p += 1
+            if p + 1 == len(pattern):
+                return True
+            for start in range(n, len(name)):
+                if _glob(pattern, p + 1, name, start, gave_up):
+                    return True
+                if gave_up[0]:  # a longer match of this star cannot succeed either
+                    return False
+            gave_up[0] = True
+            return False
+        if char == ord("["):
+            p, matched = _glob_set(pattern, p + 1, name[n])
+            if not matched:
+                return False
+        elif char != ord("?"):
+            if char == ord("\\") and p + 1 < len(pattern):
+                p += 1
+            if pattern[p] != name[n]:
+                return False
+        n += 1
+        p += 1
+        if n == len(name):
+            while p < len(pattern) and pattern[p] == ord("*"):
+                p += 1
+    return p == len(pattern) and n == len(name)
+
+
+def _glob_set(pattern: bytes, p: int, char: int) -> tuple[int, bool]:
+    """A ``[...]`` set from just after its ``[``: where it ends, and whether ``char``
+    is in it."""
+    negated = p < len(pattern) and pattern[p] == ord("^")
+    if negated:
+        p += 1
+    matched = False
+    while True:
+        if pattern[p : p + 1] == b"\\" and p + 1 < len(pattern):
+            p += 1
+            matched = matched or pattern[p] == char
+        elif pattern[p : p + 1] == b"]":
+            break
+        elif p >= len(pattern):  # unclosed: the set ends with the pattern
+            p -= 1
+            break
+        elif p + 2 < len(pattern) and pattern[p + 1] == ord("-"):
+            low, high = sorted((pattern[p], pattern[p + 2]))
+            p += 2
+            matched = matched or low <= char <= high
+        else:
+            matched = matched or pattern[p] == char
+        p += 1
+    return p, matched != negated
 
 
 def lock_keys(names: Sequence[str]) -> list[str]:

@@ -26,6 +26,7 @@ from .checks import (
     check_clock,
     check_distinct_servers,
     check_latency,
+    check_limits,
     check_lock_keys,
     check_maxmemory_policy,
     check_node_count,
@@ -65,8 +66,14 @@ def judge_node(facts: NodeFacts, config: AppConfig) -> list[Check]:
 
 
 def judge_cluster(facts: Sequence[NodeFacts], config: AppConfig) -> list[Check]:
-    """Checks across nodes: node count, distinct servers, reachable quorum."""
-    return [check_node_count(facts), *check_distinct_servers(facts), check_quorum(facts)]
+    """Checks across nodes: node count, distinct servers, reachable quorum, and what
+    limits and rates cost."""
+    return [
+        check_node_count(facts),
+        *check_distinct_servers(facts),
+        check_quorum(facts),
+        check_limits(facts, config),
+    ]
 
 
 def inspect_nodes(nodes: Sequence[Node], prefix: str, timeout: float) -> list[NodeFacts]:

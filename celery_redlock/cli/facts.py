@@ -2,7 +2,7 @@
 whether this user may run the lock's own scripts.
 
 Reading only: judging the facts is checks.py. No click here; imports redis, scripts,
-common.py and redlock (key names).
+common.py, permits.py (permit names) and redlock (key names).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import redis
 
 from ..lock import scripts
 from ..lock.redlock import FENCE, tombstone
+from ..lock.stored import LIMIT, RATE
 from ..wire.node_set import Node
 from .common import error_text, lock_keys, prefix_match, text
+from .permits import describe_name, permit_name, read_terms
 
 #: Lock keys without a TTL listed by doctor (all of them are counted).
 NO_TTL_SHOWN = 10
@@ -49,6 +51,14 @@ class NodeFacts:
     clock_offset: Optional[float] = None
     lock_keys: int = 0
     fence_keys: int = 0
+    #: Permit slots (limits' and rates'), and the keys with a limit or a rate.
+    permit_slots: int = 0
+    limited_keys: int = 0
+    rated_keys: int = 0
+    #: The longest TTL left on a lock key or a limit's slot, seconds.
+    longest_ttl: Optional[float] = None
+    #: The longest period a rate's terms record names, seconds.
+    longest_rate_period: Optional[float] = None
     keys_without_ttl: list[str] = field(default_factory=list)
     keys_without_ttl_count: int = 0
     scan_complete: bool = True
@@ -78,6 +88,11 @@ class NodeFacts:
             "clock_offset_s": None if self.clock_offset is None else round(self.clock_offset, 6),
             "lock_keys": self.lock_keys,
             "fence_keys": self.fence_keys,
+            "permit_slots": self.permit_slots,
+            "limited_keys": self.limited_keys,
+            "rated_keys": self.rated_keys,
+            "longest_ttl_s": self.longest_ttl,
+            "longest_rate_period_s": self.longest_rate_period,
             "keys_without_ttl": self.keys_without_ttl,
             "keys_without_ttl_count": self.keys_without_ttl_count,
             "scan_complete": self.scan_complete,
@@ -170,26 +185,70 @@ def _probe_lock_scripts(client: redis.Redis, prefix: str) -> Optional[str]:
 
 
 def _scan_lock_keys(client: redis.Redis, prefix: str, facts: NodeFacts, stop_at: float) -> None:
-    """Count lock and fence keys and find lock keys without a TTL, until ``stop_at``."""
+    """Count lock keys, permits and fence keys, find lock keys and permit slots without
+    a TTL, and note the longest TTL and rate period, until ``stop_at``."""
     match = prefix_match(prefix)
+    permits: dict[str, set[str]] = {LIMIT: set(), RATE: set()}
     cursor = 0
-    while True:
-        cursor, batch = client.scan(cursor, match=match, count=1000)
-        names = [text(k) or "" for k in batch]
-        keys = lock_keys(names)
-        facts.fence_keys += sum(1 for k in names if k.endswith(FENCE))
-        facts.lock_keys += len(keys)
-        if keys:
-            pipe = client.pipeline(transaction=False)
-            for key in keys:
-                pipe.pttl(key)
-            for key, pttl in zip(keys, pipe.execute()):
-                if pttl == -1:
-                    facts.keys_without_ttl_count += 1
-                    if len(facts.keys_without_ttl) < NO_TTL_SHOWN:
-                        facts.keys_without_ttl.append(key)
-        if cursor == 0:
-            return
-        if time.monotonic() > stop_at:
-            facts.scan_complete = False
-            return
+    try:
+        while True:
+            cursor, batch = client.scan(cursor, match=match, count=1000)
+            names = [text(k) or "" for k in batch]
+            facts.fence_keys += sum(1 for k in names if k.endswith(FENCE))
+            keys = lock_keys(names)
+            facts.lock_keys += len(keys)
+            slots: list[str] = []
+            rate_records: list[str] = []
+            for name in names:
+                permit = permit_name(name)
+                if permit is None:
+                    continue
+                key, kind, slot = permit
+                permits[kind].add(key)
+                if slot is not None:
+                    slots.append(name)
+                elif kind == RATE:
+                    rate_records.append(name)
+            facts.permit_slots += len(slots)
+            _read_ttls(client, keys + slots, rate_records, facts)
+            if cursor == 0:
+                return
+            if time.monotonic() > stop_at:
+                facts.scan_complete = False
+                return
+    finally:
+        facts.limited_keys, facts.rated_keys = len(permits[LIMIT]), len(permits[RATE])
+
+
+def _read_ttls(
+    client: redis.Redis, names: list[str], rate_records: list[str], facts: NodeFacts
+) -> None:
+    """The TTL of each lock key and permit slot in ``names``, and the period each rate
+    record names."""
+    if names:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.pttl(name)
+        for name, pttl in zip(names, pipe.execute()):
+            if pttl == -1:
+                facts.keys_without_ttl_count += 1
+                if len(facts.keys_without_ttl) < NO_TTL_SHOWN:
+                    facts.keys_without_ttl.append(describe_name(name))
+            elif isinstance(pttl, int) and pttl > 0 and not _is_rate_slot(name):
+                facts.longest_ttl = max(facts.longest_ttl or 0.0, pttl / 1000.0)
+    if rate_records:
+        pipe = client.pipeline(transaction=False)
+        for record in rate_records:
+            pipe.get(record)
+        # A record of another type (left by hand) reads as no period, not as a failure.
+        for value in pipe.execute(raise_on_error=False):
+            recorded = text(value) if isinstance(value, (bytes, str)) else None
+            period = read_terms(RATE, recorded)[1]
+            if period is not None:
+                facts.longest_rate_period = max(facts.longest_rate_period or 0.0, period)
+
+
+def _is_rate_slot(name: str) -> bool:
+    # A rate's slot lives for the period: that is the rate's time, not a lock's TTL.
+    permit = permit_name(name)
+    return permit is not None and permit[1] == RATE

@@ -1,7 +1,8 @@
-"""Who holds which lock, read from every node: the library under ``ls`` and ``show``.
+"""Who holds which lock, read from every node: the library under ``show`` and, with
+listing.py, ``ls``.
 
-A holder string is split into task, worker and pid; the listing reads each node once
-for all keys, so a hung node costs the timeout once, not once per key.
+A holder string is split into task, worker and pid; many keys are read with one
+transaction per node, so a hung node costs the timeout once, not once per key.
 No click here; imports common.py and the lock's own modules (nodes, redlock).
 """
 
@@ -12,17 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..lock.redlock import HolderInfo, NodeHolding, Redlock
+from ..lock.redlock import HolderInfo, NodeHolding
 from ..lock.stored import split_value
 from ..wire.node_set import Node
-from .common import (
-    configured_nodes,
-    error_text,
-    lock_keys,
-    on_each_node,
-    prefix_match,
-    text,
-)
+from .common import error_text, on_each_node
 
 
 @dataclass(frozen=True)
@@ -143,40 +137,3 @@ def read_holders(
         HolderInfo(key, tuple(holdings[i] for holdings in per_node), need)
         for i, key in enumerate(keys)
     ]
-
-
-@dataclass
-class Listing:
-    """The lock keys under a prefix and who holds each (what ``ls`` shows)."""
-
-    match: str  # the SCAN MATCH glob
-    nodes: list[Node]
-    quorum: int
-    holders: list[HolderInfo]  # the first ``limit`` keys, sorted
-    more: int  # keys found beyond the limit
-    errors: dict[str, str]  # node address -> why it could not be listed
-
-
-def list_locks(lock: Redlock, prefix: str, pattern: str, limit: int, timeout: float) -> Listing:
-    """Scan every node for lock keys matching ``pattern`` under ``prefix``, then read
-    the holders of the first ``limit`` of them (sorted)."""
-    nodes = configured_nodes(lock)
-    match = prefix_match(prefix, pattern)
-
-    def scan(node: Node) -> list[str]:
-        names = node.client().scan_iter(match=match, count=1000)
-        return lock_keys([text(raw) or "" for raw in names])
-
-    scanned = on_each_node(nodes, scan, timeout)
-    errors = {
-        node.address: error_text(result)
-        for node, result in zip(nodes, scanned)
-        if isinstance(result, BaseException)
-    }
-    found: set[str] = set()
-    for result in scanned:
-        if not isinstance(result, BaseException):
-            found.update(result)
-    keys = sorted(found)
-    holders = read_holders(nodes, keys[:limit], scanned, lock.quorum, timeout)
-    return Listing(match, nodes, lock.quorum, holders, max(0, len(keys) - limit), errors)

@@ -15,10 +15,13 @@ from typing import Any, Optional
 import click
 
 from ..lock.redlock import HolderInfo, NodeHolding
+from ..lock.stored import LIMIT
 from .checks import ERROR, OK, WARNING
 from .common import error_text
-from .holders import Listing, holder_document
-from .release import ABSENT, DELETED, FAILED, OTHER_HOLDER, NodeRelease
+from .holders import holder_document
+from .listing import Listing
+from .permits import Permits
+from .release import ABSENT, DELETED, FAILED, OTHER_HOLDER, NodeRelease, PermitsDeletion
 
 _COLOURS = {OK: "green", WARNING: "yellow", ERROR: "red"}
 #: Characters of a token shown in tables (``show`` prints it whole).
@@ -63,9 +66,9 @@ def _token_cell(token: Optional[str]) -> str:
 
 def print_ls(ctx: click.Context, listing: Listing, limit: int) -> None:
     nodes = listing.nodes
-    if not listing.holders:
+    if not listing.entries:
         ctx.obj.echo(f"no lock keys match {listing.match!r} on {len(nodes)} nodes")
-    else:
+    if listing.holders:
         rows = []
         for info in listing.holders:
             doc = holder_document(info)
@@ -83,8 +86,21 @@ def print_ls(ctx: click.Context, listing: Listing, limit: int) -> None:
         headers = ["KEY", "TASK", "WORKER", "QUORUM", "TTL s per node"]
         for line in _table(headers, rows):
             ctx.obj.echo(line)
+    if listing.permits:
+        if listing.holders:
+            ctx.obj.echo("")
+        rows = [[p.key, p.summary()] for p in listing.permits]
+        for line in _table(["KEY", "PERMITS (held by a quorum)"], rows):
+            ctx.obj.echo(line)
+    if listing.entries:
+        counts = []
+        if listing.holders:
+            counts.append(f"{len(listing.holders)} keys")
+        if listing.permits:
+            counts.append(f"{len(listing.permits)} limits and rates")
+        counted = ", ".join(counts)
         ctx.obj.echo(
-            f"{len(listing.holders)} keys; nodes in TTL order: "
+            f"{counted}; nodes in TTL order: "
             f"{', '.join(n.address for n in nodes)}; quorum {listing.quorum} of {len(nodes)}"
         )
     if listing.more:
@@ -93,19 +109,40 @@ def print_ls(ctx: click.Context, listing: Listing, limit: int) -> None:
         ctx.obj.error(ctx.obj.style(f"{address}: could not list keys: {text}", fg="red"))
 
 
-def print_show(ctx: click.Context, info: HolderInfo, document: dict[str, Any]) -> None:
+def _holder_text(document: dict[str, Any]) -> str:
+    parts = [
+        f"task {document['task_id']}" if document["task_id"] else None,
+        f"worker {document['worker']}" if document["worker"] else None,
+        f"pid {document['pid']}" if document["pid"] else None,
+    ]
+    details = ", ".join(p for p in parts if p)
+    return (document["holder"] or "?") + (f" ({details})" if details else "")
+
+
+def _node_row(n: NodeHolding) -> list[str]:
+    """NODE, HOLDER, TOKEN, TTL, ERROR of one node's holding."""
+    return [
+        n.node,
+        n.holder or "-",
+        _token_cell(n.token),
+        _ttl_cell(n) if n.ttl is None else f"{n.ttl:.3f} s",
+        "-" if n.error is None else error_text(n.error),
+    ]
+
+
+def print_show(
+    ctx: click.Context, info: HolderInfo, document: dict[str, Any], permits: Sequence[Permits] = ()
+) -> None:
     echo = ctx.obj.echo
     echo(f"key       {info.key}")
+    if document["token"] is None and permits:
+        for each in permits:
+            _print_permits(ctx, each)
+        return
     if document["token"] is None:
         echo("holder    nobody (no node holds this key)")
     else:
-        parts = [
-            f"task {document['task_id']}" if document["task_id"] else None,
-            f"worker {document['worker']}" if document["worker"] else None,
-            f"pid {document['pid']}" if document["pid"] else None,
-        ]
-        details = ", ".join(p for p in parts if p)
-        echo(f"holder    {document['holder'] or '?'}" + (f" ({details})" if details else ""))
+        echo(f"holder    {_holder_text(document)}")
         state = "held" if document["quorum_agrees"] else "NOT held by a quorum"
         frees = f"; frees in {info.ttl:.1f} s" if info.ttl is not None else ""
         echo(
@@ -115,17 +152,50 @@ def print_show(ctx: click.Context, info: HolderInfo, document: dict[str, Any]) -
         echo(f"token     {document['token']}")
         echo(f"release   redlock release {info.key} --token={document['token']}")
     echo("")
-    rows = [
-        [
-            n.node,
-            n.holder or "-",
-            _token_cell(n.token),
-            _ttl_cell(n) if n.ttl is None else f"{n.ttl:.3f} s",
-            "-" if n.error is None else error_text(n.error),
-        ]
-        for n in info.nodes
-    ]
+    rows = [_node_row(n) for n in info.nodes]
     for line in _table(["NODE", "HOLDER", "TOKEN", "TTL", "ERROR"], rows):
+        echo(line)
+    for each in permits:
+        echo("")
+        _print_permits(ctx, each)
+
+
+def _print_permits(ctx: click.Context, permits: Permits) -> None:
+    """A key's limit or rate: the terms, each slot a quorum holds, then every slot
+    node by node."""
+    echo = ctx.obj.echo
+    recorded = f"recorded on {permits.recorded_on} of {len(permits.records)} nodes"
+    if permits.record is None:
+        recorded = "no node records the terms"
+    held = permits.held
+    if permits.kind == LIMIT:
+        count = f"{len(held)} held by a quorum"
+    else:
+        count = f"{len(held)} starts in the window"
+        if permits.next_frees is not None:
+            count += f", next frees in {permits.next_frees:.1f} s"
+    echo(f"{permits.kind:<9} {permits.terms_text()} ({recorded}): {count}")
+    for slot, info in permits.slots:
+        document = holder_document(info)
+        label = f"slot {slot}"
+        if info.holder is None:
+            agree = f"{document['agreeing_nodes']} of {len(info.nodes)} nodes agree"
+            echo(f"{label:<9} NOT held by a quorum: {agree}, {info.quorum} needed")
+            continue
+        frees = f"; frees in {info.ttl:.1f} s" if info.ttl is not None else ""
+        echo(
+            f"{label:<9} {_holder_text(document)}: {document['agreeing_nodes']} of "
+            f"{len(info.nodes)} nodes agree{frees}"
+        )
+        if permits.kind == LIMIT:
+            echo(f"{'':<9} release: redlock release {permits.key} --token={document['token']}")
+    echo("")
+    # The terms record's text sits where a slot's holder does (it has no token).
+    records = [NodeHolding(r.node, None, r.token, r.ttl, r.error) for r in permits.records]
+    rows = [["terms", *_node_row(r)] for r in records]
+    for slot, info in permits.slots:
+        rows.extend([str(slot), *_node_row(n)] for n in info.nodes)
+    for line in _table([permits.kind.upper(), "NODE", "HOLDER", "TOKEN", "TTL", "ERROR"], rows):
         echo(line)
 
 
@@ -133,6 +203,8 @@ def print_show(ctx: click.Context, info: HolderInfo, document: dict[str, Any]) -
 
 
 def _release_detail(r: NodeRelease) -> str:
+    if r.result == DELETED and r.permit is not None:
+        return f"deleted limit permit {r.permit} (held by {r.holder or '?'})"
     if r.result == DELETED:
         return f"deleted (held by {r.holder or '?'})"
     if r.result == ABSENT:
@@ -156,6 +228,41 @@ def print_release(ctx: click.Context, key: str, outcome: list[NodeRelease], need
         )
     else:
         ctx.obj.echo(f"{key}: deleted on {deleted} of {len(outcome)} nodes")
+
+
+def _deletion_detail(d: PermitsDeletion) -> str:
+    if d.result == FAILED:
+        return f"error: {d.error}"
+    if d.result == ABSENT:
+        return "no permits"
+    parts = []
+    if d.slots.get(LIMIT):
+        held = f" (held by {', '.join(d.holders)})" if d.holders else ""
+        parts.append(f"{d.slots[LIMIT]} limit slot(s){held}")
+    for kind, count in d.slots.items():
+        if kind != LIMIT and count:
+            parts.append(f"{count} {kind} slot(s)")
+    if d.records:
+        parts.append(f"{d.records} terms record(s)")
+    return "deleted " + ", ".join(parts)
+
+
+def print_permits_deletion(
+    ctx: click.Context, key: str, outcome: Sequence[PermitsDeletion]
+) -> None:
+    rows = [[d.node, _deletion_detail(d)] for d in outcome]
+    for line in _table(["NODE", "RESULT"], rows):
+        ctx.obj.echo(line)
+    deleted = sum(1 for d in outcome if d.result == DELETED)
+    if deleted == 0:
+        ctx.obj.error(ctx.obj.style(f"{key}: no permits deleted on any node", fg="red"))
+    elif any(d.result == FAILED for d in outcome):
+        ctx.obj.echo(
+            f"{key}: permits deleted on {deleted} of {len(outcome)} nodes; a node that "
+            "did not answer keeps its slots until they expire"
+        )
+    else:
+        ctx.obj.echo(f"{key}: permits deleted on {deleted} of {len(outcome)} nodes")
 
 
 # -- doctor ----------------------------------------------------------------------------------

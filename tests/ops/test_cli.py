@@ -9,22 +9,18 @@ builds (``CLIContext``), which is faster and lets a test answer the --force prom
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-from celery import Celery
-from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
 
 from celery_redlock import Redlock
-from celery_redlock.cli import Holder, full_key, inspect_node, judge_node, redlock
+from celery_redlock.cli import Holder, full_key, inspect_node, judge_node
 from celery_redlock.cli.checks import (
     check_maxmemory_policy,
     check_persistence,
@@ -42,7 +38,7 @@ from celery_redlock.testing import (
     RedisServerFactory,
 )
 from celery_redlock.testing.ports import claim_free_port, release_port
-from tests.support.cli import run_celery
+from tests.support.cli import doc, invoke, make_app, run_celery
 
 KEY = "redlock:import:42"
 HOLDER = "task-1@worker-a:42"
@@ -55,22 +51,6 @@ def nodes(module_nodes: RedisNodes) -> RedisNodes:
     """Three healthy independent masters, emptied for each test."""
     module_nodes.flushall()
     return module_nodes
-
-
-def make_app(urls: list[str]) -> Celery:
-    app = Celery("cli_tests", broker="memory://", set_as_current=False)
-    app.conf.redlock_nodes = urls
-    return app
-
-
-def invoke(urls: list[str], *args: str, input: Optional[str] = None) -> Result:
-    """``celery -A app redlock ARGS`` in-process, with Celery's context object."""
-    obj = CLIContext(app=make_app(urls), no_color=True, workdir=None)
-    return CliRunner().invoke(redlock, list(args), obj=obj, input=input, catch_exceptions=False)
-
-
-def doc(output: str) -> Any:
-    return json.loads(output)
 
 
 def node_checks(report: Any, address: str) -> dict[str, dict[str, Any]]:
@@ -144,7 +124,7 @@ def test_doctor_table_warns_about_persistence_with_the_redis_io_advice(
     assert "delayed restarts" in result.output
     assert "longer than the largest lock TTL (redlock_ttl is 30 s" in result.output
     assert "Performance, crash-recovery and fsync" in result.output
-    assert result.output.rstrip().endswith("0 error(s), 3 warning(s), 27 OK -> WARNING")
+    assert result.output.rstrip().endswith("0 error(s), 3 warning(s), 28 OK -> WARNING")
 
 
 def test_doctor_is_all_ok_with_appendfsync_always(
