@@ -10,6 +10,8 @@ Run from the repository root (the bench starts and stops its own servers)::
     python -m bench scale            # scale tables and figure (nodes, threads, leases, hot key)
     python -m bench wake             # a blocked acquire woken by the release, vs peers
     python -m bench async            # AsyncRedlock vs pottery's AIORedlock, aioredlock, a floor
+    python -m bench limits           # limits and rates: overhead, precision under contention,
+                                     # a task backlog under a rate, vs INCR-counter limiters
 
 Layout: ``resp`` (a bare RESP socket: the physical floor and the bench's own control
 connection), ``stats`` (timed loops and percentiles), ``contenders`` (one adapter per
@@ -17,7 +19,10 @@ lock library), ``commands`` (commands per node per operation, from MONITOR and
 ``INFO commandstats``), ``locks`` (the run: scenarios, ratios, report), ``profile``,
 ``renewals`` (the watchdog at scale), ``scale`` (the scale tables; with ``scale_tasks``,
 the hot key in real workers, ``scale_handoff``, library hand-off latency, and
-``scale_report``, tables and figure), ``wake`` (hand-off latency across processes).
+``scale_report``, tables and figure), ``wake`` (hand-off latency across processes),
+``limits`` (limits and rates; with ``limiters``, the INCR contenders and the observer,
+``limits_overhead``, ``limits_precision``, ``limits_contention``, ``limits_tasks`` and
+``limits_report``).
 
 Nothing in celery_redlock imports this package.
 """

@@ -16,6 +16,10 @@ Three tasks with the same trivial body, one per way of running it:
 Each task gets distinct arguments ``(tag, index)``, so no two tasks share a lock key:
 what is measured is the lock's overhead, never contention.
 
+Two more families serve other benchmarks: ``bench.hot.*`` (one hot key, for
+``python -m bench scale``) and ``bench.rate`` (a backlog under ``redlock_rate``, for
+``python -m bench limits``); workers count the task messages they publish for them.
+
 Configured from the environment, so one module serves every measurement:
 
 - ``BENCH_BROKER_URL``: broker and result backend (results are off: ``ignore_result``);
@@ -51,13 +55,14 @@ import redis
 from celery import Celery, Task
 from celery.signals import after_task_publish, worker_process_shutdown, worker_shutdown
 
-from celery_redlock import RedlockTask
+from celery_redlock import RedlockTask, signals
 
 from .resp import RespConnection, pack
 
 __all__ = [
     "HOT_TASKS",
     "LOCK_PREFIX",
+    "RATE_TASK",
     "TASKS",
     "TIMED_TASKS",
     "SingleNodeLockTask",
@@ -65,6 +70,7 @@ __all__ = [
     "hooks_key",
     "hot_keys",
     "observer_key",
+    "rate_keys",
 ]
 
 BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
@@ -351,3 +357,53 @@ def _count_hot_published(sender: Any = None, body: Any = None, **_: Any) -> None
 
 
 after_task_publish.connect(_count_hot_published, weak=False)
+
+
+# -- a backlog under a rate (python -m bench limits) -------------------------------------
+
+#: The rate-limited task: every copy of one ``tag`` shares the key ``rate:{tag}``, no
+#: limit on how many run at once, ``BENCH_TASK_RATE`` starts per period (default 20/s).
+RATE_TASK = "bench.rate"
+
+
+def rate_keys(tag: str) -> tuple[str, str, str]:
+    """Observer keys of rate batch ``tag``: body starts (list of ``"<task id> <start
+    ns>"``), task messages workers published, copies sent back over the rate."""
+    return f"rate-starts:{tag}", f"rate-published:{tag}", f"rate-waits:{tag}"
+
+
+def rate_body(task: Task, tag: str, index: int) -> None:
+    """Reports its start (CLOCK_MONOTONIC, one clock for every process here)."""
+    entry = f"{task.request.id} {time.monotonic_ns()}".encode()
+    _observer_conn().send(pack(b"RPUSH", rate_keys(tag)[0], entry))
+
+
+rate_task = app.task(
+    name=RATE_TASK,
+    shared=False,
+    bind=True,
+    base=RedlockTask,
+    redlock_key="rate:{tag}",
+    redlock_limit="unlimited",
+    redlock_rate=os.environ.get("BENCH_TASK_RATE", "20/s"),
+)(rate_body)
+
+
+def _count_rate_published(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """A rate-task message a worker published (a copy sent back over the rate)."""
+    if sender != RATE_TASK:
+        return
+    kwargs = body[1] if isinstance(body, (list, tuple)) and len(body) > 1 else {}
+    tag = (kwargs or {}).get("tag")
+    if tag:
+        _observer_conn().send(pack(b"INCR", rate_keys(tag)[1]))
+
+
+def _count_rate_waits(sender: Any = None, key: str = "", action: str = "", **_: Any) -> None:
+    """A copy over the rate (``lock_contended`` with action "wait")."""
+    if action == "wait" and getattr(sender, "name", None) == RATE_TASK:
+        _observer_conn().send(pack(b"INCR", rate_keys(key.rpartition(":")[2])[2]))
+
+
+after_task_publish.connect(_count_rate_published, weak=False)
+signals.lock_contended.connect(_count_rate_waits, weak=False)
