@@ -167,19 +167,26 @@ def _same(key: str) -> Callable[[], str]:
 def _fill(
     redlock: Redlock, clients: list[redis.Redis], key: str, rate: tuple[int, float], taken: int
 ) -> _Fill:
-    """Admit on ``key`` until its first ``taken`` slots are held on every node."""
+    """Admit on ``key`` until ``taken`` of its slots are held on every node (a round
+    scans from a random slot, so which ones is the lock's choice)."""
     fill = _Fill(taken)
-    first = [permit_slot(key, RATE, i) for i in range(taken)]
-    while fill.admits < taken or min(int(c.exists(*first)) for c in clients) < taken:
+    slots = [permit_slot(key, RATE, i) for i in range(rate[0])]
+
+    def held() -> list[set[str]]:
+        return [{s for s in slots if client.exists(s)} for client in clients]
+
+    while fill.admits < taken or min(len(h) for h in held()) < taken:
         if fill.admits > 2 * taken:
             raise RuntimeError(f"{key}: {taken} places not taken in {fill.admits} admits")
         fill.admits += 1
         fill.admitted += redlock.admit(key, rate) == 0.0
-    slot = permit_slot(key, RATE, taken)
+    kept = held()
 
-    def reset() -> None:
-        for client in clients:
-            client.delete(slot)
+    def reset() -> None:  # give back what the measured admit took, keep the fill
+        for client, keep in zip(clients, kept):
+            extra = [s for s in slots if s not in keep]
+            if extra:
+                client.delete(*extra)
 
     if taken < rate[0]:
         reset()

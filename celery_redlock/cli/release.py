@@ -16,9 +16,9 @@ from typing import Any, Optional
 import redis
 
 from ..lock import scripts
-from ..lock.permit_scripts import RELEASE_PERMIT
+from ..lock.commands import release_command
 from ..lock.redlock import tombstone
-from ..lock.stored import LIMIT, WAKE_SUFFIX, permit_tombstone, split_value
+from ..lock.stored import LIMIT, WAKE_SUFFIX, split_value
 from ..wire.node_set import Node
 from .common import error_text, on_each_node, text
 from .permits import KINDS, permit_name, scan_key_permits
@@ -93,8 +93,8 @@ def release_permit_with_token(node: Node, key: str, token: str) -> NodeRelease:
         stored_token, holder = split_value(stored)
         if stored is None or token not in (stored, stored_token):
             continue
-        command = (RELEASE_PERMIT.source, 2, name, permit_tombstone(key, LIMIT, stored))
-        deleted = client.eval(*command, stored, 1000, key)
+        command = release_command(name, stored, 1.0)  # the lease's own release
+        deleted = client.eval(*command.eval_args())
         result = DELETED if deleted == 1 else OTHER_HOLDER
         return NodeRelease(node.address, result, holder, stored_token, permit=slot)
     return NodeRelease(node.address, ABSENT)

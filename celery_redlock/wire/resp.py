@@ -14,7 +14,7 @@ classes and scripts.py's ``Script`` only; nothing else from the package.
 from __future__ import annotations
 
 import re
-from typing import Final, Sequence, Union
+from typing import Any, Final, Sequence, Union
 
 from redis import exceptions as rexc
 
@@ -74,6 +74,11 @@ class Command:
     def evalsha_args(self) -> tuple[object, ...]:
         """The call as ``EVALSHA`` arguments, for a plain client (tests, tools)."""
         return (self.script.sha, len(self._keys), *self._keys, *self._args)
+
+    def eval_args(self) -> tuple[Any, ...]:
+        """The call as ``EVAL`` arguments (``redis.Redis.eval(*command.eval_args())``),
+        for a plain client that may not have loaded the script (the CLI)."""
+        return (self.script.source, len(self._keys), *self._keys, *self._args)
 
     def fallback(self) -> bytes:
         """The same call as EVAL, for a node that answered NOSCRIPT."""

@@ -10,6 +10,7 @@ the nodes is read with plain clients.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from typing import Any
@@ -18,7 +19,6 @@ import pytest
 
 from celery_redlock import ConfigurationError, LockContended, Redlock
 from celery_redlock.asyncio import AsyncRedlock
-from celery_redlock.lock import permit_steps
 from celery_redlock.lock.permits import Terms, acquire_permit_command
 from celery_redlock.lock.stored import LIMIT, permit_slot, permit_slot_prefix
 from celery_redlock.lock.validate import MAX_PERMITS
@@ -148,7 +148,7 @@ def test_a_round_split_over_two_slots_wins_neither_and_leaves_nothing(
     # Nodes 0-2 have slot 0 taken by a leftover, nodes 3-4 do not: a caller whose
     # scan starts at slot 0 is given slot 1 by three nodes and slot 0 by two -- it
     # holds slot 1, and slot 0 is cleaned where it was given.
-    monkeypatch.setattr(permit_steps.random, "randrange", lambda n: 0)
+    monkeypatch.setattr(random, "randrange", lambda n: 0)
     for node in redis_nodes[:3]:
         node.client().set(permit_slot("s", LIMIT, 0), b"leftover-token-0123456789|x", px=60_000)
     lock = _lock(redis_nodes)

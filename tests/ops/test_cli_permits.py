@@ -9,6 +9,7 @@ through the real ``celery`` program; the rest invoke the click group in-process.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,13 @@ KEY = "redlock:api:7"
 RATED = "redlock:rate:t"
 TTL = 30.0
 HOLDERS = ("task-1@worker-a:42", "task-2@worker-b:43")
+
+
+@pytest.fixture(autouse=True)
+def first_slot_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Permit rounds scan from slot 0 (the lock starts each at a random slot): the
+    listings then show slot 0, 1, ... in the order the permits were taken."""
+    monkeypatch.setattr(random, "randrange", lambda n: 0)
 
 
 @pytest.fixture
