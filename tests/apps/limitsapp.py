@@ -42,9 +42,6 @@ app = worker_app(
         "visibility_timeout": VISIBILITY_TIMEOUT,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
-        # A worker killed while it sweeps holds the sweep's mutex: the others wait
-        # this long (kombu's default is 5 minutes).
-        "unacked_mutex_expire": 2,
     },
 )  # fmt: skip
 

@@ -17,8 +17,10 @@ minority of nodes down or restarted empty after the largest TTL? Four designs:
   ``all-free``: each node sets every free slot and returns them, the client keeps the
   lowest slot a majority set and releases the others;
   ``lowest-free``: each node sets its lowest free slot and returns it, the client
-  keeps a slot a majority set. Nodes may pick different slots, so a round can win
-  nothing while permits are free (a *split*): the client releases and retries.
+  keeps a slot a majority set; ``free-from-start`` (what the library does): the same
+  from the client's starting slot (any of the N, one per round) on, wrapping. Nodes
+  may pick different slots, so a round can win nothing while permits are free (a
+  *split*): the client releases and retries.
 
 Each slot design is safe for the mutex's own reason: two majorities meet, and a
 node sets a slot only while it is free, so no slot has two holders and N slots
@@ -58,7 +60,10 @@ OVER_LIMIT = "more than N inside"
 SLOT_SHARED = "two inside on one slot"
 
 COUNTER, NAMED, ALL_FREE, LOWEST = "counter", "named-slot", "all-free", "lowest-free"
-DESIGNS = (COUNTER, NAMED, ALL_FREE, LOWEST)
+#: The library's choice (lock/permits.py): the first free slot from the client's
+#: starting point (any of the N, the same on every node of its round), wrapping.
+FROM_START = "free-from-start"
+DESIGNS = (COUNTER, NAMED, ALL_FREE, LOWEST, FROM_START)
 
 #: Client phases.
 IDLE, ROUND, INSIDE, DONE = range(4)
@@ -188,7 +193,7 @@ class LimitModel:
         sc = self.sc
         out: list[tuple[Action, State]] = []
         if cl.phase == IDLE and cl.attempt < sc.attempts:
-            for slot in range(sc.limit) if sc.design == NAMED else (-1,):
+            for slot in range(sc.limit) if sc.design in (NAMED, FROM_START) else (-1,):
                 out.append((("start", c, c, slot), self._start(s, c, slot)))
         if cl.phase == ROUND and sc.deadline:
             out.append((("give up", c, c, 0), self._set_client(s, c, cl._replace(phase=IDLE))))
@@ -227,6 +232,9 @@ class LimitModel:
             take = [slot] if slot in free else []
         elif design == LOWEST:
             take = free[:1]
+        elif design == FROM_START:
+            limit = self.sc.limit
+            take = [i for i in ((slot + j) % limit for j in range(limit)) if i in free][:1]
         else:
             take = free
         new = tuple(tok if i in take else holder for i, holder in enumerate(data))

@@ -20,6 +20,7 @@ from .limits import (
     ALL_FREE,
     COUNTER,
     FREE,
+    FROM_START,
     IDLE,
     INSIDE,
     LOWEST,
@@ -203,6 +204,11 @@ def limit_scenarios() -> list[LimitScenario]:
           " 3 clients that leave", down=1, **CALM),
         s("limit-named-3-nodes-n2", "a named slot per round, 3 nodes, N=2, 3 clients",
           design=NAMED, **CALM),
+        s("limit-from-3-nodes-n2", "first free from a starting slot (the library's), 3"
+          " nodes, N=2, 3 clients that leave", design=FROM_START, full_only=True, **CALM),
+        s("limit-from-3-nodes-n2-faults", "first free from a starting slot, 3 nodes, N=2,"
+          " 2 clients, lost replies, deadlines, a node crash (delayed restart)",
+          design=FROM_START, clients=2, crashes=1),
         s("limit-all-free-3-nodes-n2", "all free slots per round, 3 nodes, N=2, 3 clients",
           design=ALL_FREE, full_only=True, **CALM),
         s("limit-lowest-5-nodes-n2-one-down", "lowest-free slots, 5 nodes (1 down), N=2,"
