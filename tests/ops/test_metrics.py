@@ -97,6 +97,10 @@ def _define(app: Celery, gates: dict[str, threading.Event]) -> dict[str, Any]:
         "hold": app.task(name="m.hold", redlock_ttl=5, **common)(hold),
         "skip": app.task(name="m.skip", redlock_ttl=5, redlock_on_contended="skip", **common)(hold),
         "long": app.task(name="m.long", redlock_ttl=LONG_TTL, **common)(long_job),
+        "limited": app.task(name="m.limited", redlock_ttl=5, redlock_limit=2, **common)(hold),
+        "rated": app.task(name="m.rated", redlock_limit="unlimited", redlock_rate="1/m", **common)(
+            hold
+        ),
     }
 
 
@@ -578,3 +582,31 @@ def test_the_rest_of_the_package_never_imports_metrics() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['prometheus_client']"  # only our blocker
+
+
+def test_copies_turned_away_by_a_limit_or_a_rate_are_counted_by_kind(
+    worker: Any,
+    tasks: dict[str, Any],
+    registry: CollectorRegistry,
+    gates: dict[str, threading.Event],
+    seen: SignalSeen,
+) -> None:
+    gates["full"] = threading.Event()
+    contended = seen(signals.lock_contended, "m.limited")
+    # Two copies hold both permits until a third has met them.
+    holders = [tasks["limited"].delay(0, tag="l", gate="full") for _ in range(2)]
+    _eventually(lambda: _value(registry, "celery_redlock_held", task="m.limited") == 2)
+    third = tasks["limited"].delay(0.01, tag="l")
+    assert contended.wait(15), "the third copy never met the limit"
+    gates["full"].set()
+    for result in (*holders, third):
+        assert _wait(result) == "ran"
+    assert _value(registry, "celery_redlock_limited_total", task="m.limited", kind="limit") >= 1
+    # A rate of 1 a minute: the first copy starts, the second comes back later.
+    waited = seen(signals.lock_contended, "m.rated")
+    assert _wait(tasks["rated"].delay(0, tag="r")) == "ran"
+    later = tasks["rated"].apply_async((0,), {"tag": "r"}, ignore_result=True)
+    assert waited.wait(15), "the second copy never met the rate"
+    later.revoke()
+    assert _value(registry, "celery_redlock_limited_total", task="m.rated", kind="rate") == 1
+    assert _value(registry, "celery_redlock_contended_total", task="m.rated", action="wait") == 1
