@@ -115,7 +115,7 @@ class _Fill:
     #: same: a round slower than RATE_SLACK) made it take more than ``taken``.
     admits: int = 0
     admitted: int = 0
-    #: Frees the next place again (the lowest free slot, the one an admit takes).
+    #: Frees again the place the measured admit took (whichever slot it was).
     reset: Optional[Callable[[], None]] = None
 
     def as_dict(self) -> dict[str, int]:
