@@ -157,7 +157,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"celery-redlock {libs['celery-redlock']}, redis-py {libs['redis']}. Ours: "
         f"`Redlock(urls, ttl={report['plan']['ttl']:g}, "
         f"node_timeout={report['plan']['node_timeout']:g})`. The INCR limiters are "
-        "re-implementations of the approach in redis-py (bench/limiters.py), on lock node "
+        "short re-implementations with redis-py (bench/limiters.py: heimdall's GET-then-INCR "
+        "counter, a fixed-window counter), not those packages, on lock node "
         f"0. Load average {machine['loadavg_at_start'][0]:g} at the start, "
         f"{report['loadavg_at_end'][0]:g} at the end; took {report['duration_s']:g} s.",
         "",
