@@ -337,14 +337,14 @@ def check_quorum(facts: Sequence[NodeFacts]) -> Check:
 
 LIMITS_ADVICE = (
     "A limited key's permit is won when a majority of the nodes ({need} of {count}) give "
-    "the caller the same slot. Each node gives its lowest free slot, so callers racing "
-    "for the last permits can split the vote: nobody wins, and each retries after a "
-    "random pause. Each node down leaves less room to disagree (with 1 of 5 down, 3 of "
-    "the 4 left must give the same slot), so splits come more often and limited tasks "
-    "wait longer. A rate's starts hold their slots for the whole period: a lock node "
-    "that restarts without its keys must stay down for at least max(largest TTL, "
-    "longest rate period){restart_hint} before it rejoins (the delayed restart), "
-    "otherwise a window can admit more than R starts."
+    "the caller the same slot. Each node gives its first free slot from the caller's "
+    "start, so callers racing for the last permits can split the vote: nobody wins, and "
+    "each retries after a random pause. Each node down leaves less room to disagree (with"
+    " 1 of 5 down, 3 of the 4 left must give the same slot), so splits come more often "
+    "and limited tasks wait longer. A rate's starts hold their slots for the whole "
+    "period: a lock node that restarts without its keys must stay down for at least "
+    "max(largest TTL, longest rate period){restart_hint} before it rejoins (the delayed "
+    "restart), otherwise a window can admit more than R starts."
 )
 
 

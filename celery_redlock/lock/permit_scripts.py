@@ -7,7 +7,8 @@ ordinary lock keys named ``<key>\\0limit\\0<i>`` (a limit) or ``<key>\\0rate\\0<
 exactly as a mutex key does. The scripts build the slot names from the prefix they
 are given, so a key with a thousand permits costs one short command, and every slot
 shares the key's prefix (one ACL pattern, and one cluster hash slot once the key is
-hash-tagged). SAFETY.md "Limits (N at a time)" says why the lowest free slot.
+hash-tagged). SAFETY.md "Limits (N at a time) and rates" says why any free slot
+is safe and why each round starts its scan at a random one.
 
 Imports wire/script.py and stored.py only.
 """

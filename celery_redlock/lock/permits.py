@@ -2,9 +2,10 @@
 
 A key with a limit of N has N *permit slots*, each an ordinary Redlock mutex; a
 holder holds one slot on a quorum of nodes, so N slots admit at most N holders
-(SAFETY.md "Limits (N at a time)", tools/modelcheck/limits.py). One round asks
-every node for its lowest free slot (permit_scripts.ACQUIRE_PERMIT); the holder
-wins slot i when a quorum gave it i. A won slot is a lease like any other: its key
+(SAFETY.md "Limits (N at a time) and rates", tools/modelcheck/limits.py). One
+round asks every node for its first free slot from the caller's random starting
+slot (permit_scripts.ACQUIRE_PERMIT); the holder wins slot i when a quorum gave it
+i. A won slot is a lease like any other: its key
 is the slot (``lease.keys``), its name the key (``lease.key``), extended by the
 watchdog as a mutex is; its release (``release_command``) publishes on the key's
 wake channel, so a blocked acquirer of any of the key's permits wakes.
@@ -13,8 +14,9 @@ A rate of R per period is R slots that are never released: a start holds a slot
 for the period (plus the round's slack), so any window of that length has at most
 R starts -- sliding, on the nodes' clocks (their key expiry), never a worker's.
 
-Pure: names, commands and the reading of replies; no sockets, no clock. Imports
-permit_scripts.py, stored.py, quorum.py, validate.py and errors.py.
+Pure: commands, the terms and the reading of replies (the names live in
+stored.py); no sockets, no clock. Imports permit_scripts.py, stored.py,
+commands.py, validate.py, wire/round.py and errors.py.
 """
 
 from __future__ import annotations
