@@ -343,11 +343,12 @@ class AsyncRedlock(ShowsSettings):
         *,
         timeout: Optional[Duration] = 0,
         holder: Optional[str] = None,
+        reserve: Optional[bool] = None,
     ) -> float:
         """See ``Redlock.admit``: 0.0 when a start under ``rate`` was admitted and
         counted, else the seconds until the window admits one (after waiting up to
         ``timeout``; None: until admitted)."""
-        return await self._drive(self._rules.admit_steps(key, rate, holder, timeout))
+        return await self._drive(self._rules.admit_steps(key, rate, holder, timeout, reserve))
 
     # -- release, extend and inspection -------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..wire.script import Script
-from .stored import FENCE, lua_text, publish_wake
+from .stored import FENCE, LIMIT, RATE, lua_text, publish_wake
 
 __all__ = ["ACQUIRE_PERMIT", "DROP_PERMITS", "PERMIT_SCRIPTS", "RELEASE_PERMIT"]
 
@@ -30,13 +30,19 @@ ACQUIRE_PERMIT: Final = Script(
 -- ARGV[1] our value; ARGV[2] ttl in ms; ARGV[3] N slots; ARGV[4] the slots' name
 -- prefix (slot i is ARGV[4] .. i); ARGV[5] '1' when fenced; ARGV[6] the terms;
 -- ARGV[7] where this round's scan starts (0..N-1, the caller's random pick: every
--- node starts there for this caller, racing callers start apart)
+-- node starts there for this caller, racing callers start apart); ARGV[8] a rate's
+-- spacing in ms (period / R) when the caller reserves a turn, else 0; a rate's
+-- KEYS[3] the key's turns (when the next reserved turn is, in this node's ms);
+-- ARGV[9] 'limit' or 'rate'
 -- returns {1, counter, i}: slot i was free (the first free one from the start, in
 --           order, wrapping) and now holds our value for ttl, or already held it
 --           (the same call resent); counter: the slot's fence counter when
 --           fenced, else 0;
---         {false, -4, holder value, pttl}: every slot is taken; the slot that
---           frees first, and when;
+--         {false, -4, holder value, pttl, turn}: every slot is taken; the slot
+--           that frees first, and when; turn: with a reservation, in how many ms
+--           the caller's turn comes (not before that slot frees, a spacing after
+--           the turn handed out before it: copies that come back at their turns
+--           arrive at the rate, not all at once), else -1;
 --         {false, -3, terms}: the record names other terms, or '1' when the key is
 --           held as a mutex (callers disagree);
 --         {false, -2}: our own release already passed by (a late call: nothing set)
@@ -44,7 +50,7 @@ local terms = redis.call('get', KEYS[1])
 if terms and terms ~= ARGV[6] then
   return {false, -3, terms}
 end
-if KEYS[3] and redis.call('exists', KEYS[3]) == 1 then
+if ARGV[9] == 'KIND_LIMIT' and redis.call('exists', KEYS[3]) == 1 then
   return {false, -3, '1'}
 end
 if redis.call('exists', KEYS[2]) == 1 then
@@ -76,8 +82,19 @@ for step = 0, n - 1 do
     soonest, soonest_ttl = held, left
   end
 end
-return {false, -4, soonest, soonest_ttl}
+local turn = -1
+local spacing = tonumber(ARGV[8] or '0')
+if spacing > 0 and ARGV[9] == 'KIND_RATE' then
+  local time = redis.call('time')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local at = math.max(tonumber(redis.call('get', KEYS[3]) or '0'), now + soonest_ttl)
+  redis.call('set', KEYS[3], at + spacing, 'PX', at + spacing - now + ttl)
+  turn = at - now
+end
+return {false, -4, soonest, soonest_ttl, turn}
 """.replace("FENCE", lua_text(FENCE))
+    .replace("KIND_LIMIT", LIMIT)
+    .replace("KIND_RATE", RATE)
 )
 
 RELEASE_PERMIT: Final = Script(

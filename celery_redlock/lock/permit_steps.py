@@ -99,10 +99,13 @@ def permit_attempt_steps(
     return _why_not(rules, key, terms, results, read)
 
 
-def admit_steps(rules: LockRules, key: str, terms: Terms, holder: str) -> Steps[float]:
+def admit_steps(
+    rules: LockRules, key: str, terms: Terms, holder: str, reserve: bool = False
+) -> Steps[float]:
     """One try to start under ``terms`` (a rate): 0.0 when a start was admitted (and
-    counted) now; else the seconds until the window admits one (nothing counted).
-    Raises ``QuorumUnavailable`` when too few nodes answered."""
+    counted) now; else the seconds until the window admits one (nothing counted) --
+    with ``reserve``, until the turn the nodes handed this caller, which comes back
+    then. Raises ``QuorumUnavailable`` when too few nodes answered."""
     settings = rules.settings
     assert terms.period is not None
     hold = terms.period * (1 + settings.drift_factor) + RATE_SLACK + CLOCK_PRECISION
@@ -110,7 +113,7 @@ def admit_steps(rules: LockRules, key: str, terms: Terms, holder: str) -> Steps[
     undo = functools.partial(drop_permits_command, key, terms, value, hold)
     started = rules.clock()
     start = random.randrange(terms.count)
-    command = acquire_permit_command(key, terms, value, hold, False, start)
+    command = acquire_permit_command(key, terms, value, hold, False, start, reserve)
     results = yield _ask(rules, command, undo)
     read = yield from _read(rules, key, terms, results, undo)
     if read.slot is not None:
@@ -127,6 +130,8 @@ def admit_steps(rules: LockRules, key: str, terms: Terms, holder: str) -> Steps[
     attempt: Attempt[Any] = _why_not(rules, key, terms, results, read)
     if attempt.unavailable is not None:
         raise attempt.unavailable
+    if attempt.verdict == CONTENDED and read.turn is not None:
+        return max(read.turn, CLOCK_PRECISION)
     if attempt.verdict == CONTENDED and read.holder_ttl is not None:
         return max(read.holder_ttl, CLOCK_PRECISION)
     return random.uniform(0.5, 1.5) * min(settings.retry_delay, terms.period)

@@ -39,6 +39,7 @@ from .stored import (
     permit_slot_prefix,
     permit_terms_record,
     permit_tombstone,
+    permit_turns,
     split_value,
 )
 
@@ -98,21 +99,28 @@ def _period_text(period: float) -> str:
 
 
 def acquire_permit_command(
-    key: str, terms: Terms, value: str, ttl: float, fenced: bool, start: int = 0
-) -> Command:
+    key: str, terms: Terms, value: str, ttl: float, fenced: bool, start: int = 0,
+    reserve: bool = False,
+) -> Command:  # fmt: skip
     """Take the first free slot of ``key``'s permits from slot ``start`` on (in order,
     wrapping) for ``ttl`` s on each node. Callers pick ``start`` at random per round:
     every node scans from the same place for one caller, so they agree on its slot
-    unless another caller took it meanwhile, and racing callers aim apart."""
+    unless another caller took it meanwhile, and racing callers aim apart.
+    ``reserve`` (a rate): when every slot is taken, each node hands out the caller's
+    turn (see permit_scripts.ACQUIRE_PERMIT)."""
     keys = [permit_terms_record(key, terms.kind), permit_tombstone(key, terms.kind, value)]
     if terms.kind == LIMIT:
         keys.append(key)  # held as a mutex: a caller of the key disagrees
+    else:
+        keys.append(permit_turns(key))
+    spacing = ms(terms.period / terms.count) if reserve and terms.period else 0
     return Command(
         ACQUIRE_PERMIT,
         keys,
         [
             value, ms(ttl), terms.count, permit_slot_prefix(key, terms.kind),
-            "1" if fenced else "0", terms.record, start % terms.count,
+            "1" if fenced else "0", terms.record, start % terms.count, spacing,
+            terms.kind,
         ],
     )  # fmt: skip
 
@@ -160,7 +168,7 @@ def settled(quorum: int) -> Callable[[list[object]], bool]:
 
 def is_full(reply: object) -> bool:
     """A node's reply said every slot is taken."""
-    return isinstance(reply, list) and len(reply) == 4 and reply[1] == -4
+    return isinstance(reply, list) and len(reply) == 5 and reply[1] == -4
 
 
 def _text(value: object) -> Optional[str]:
@@ -186,6 +194,8 @@ class PermitRound:
     holder_ttl: Optional[float] = None
     #: Every node answered and none set anything: no undo is needed.
     clean: bool = False
+    #: A rate's reserved turn: seconds until it comes (a quorum's word), or None.
+    turn: Optional[float] = None
 
 
 def read_permit_round(
@@ -219,9 +229,14 @@ def read_permit_round(
     ttls = sorted(int(r[3]) for r in fulls if isinstance(r, list) and int(r[3]) >= 0)
     missing = quorum - (len(results) - len(fulls))
     holder_ttl = ttls[missing - 1] / 1000.0 if 0 < missing <= len(ttls) else None
+    # The turn the quorum-th full node handed out: nodes count turns alike, give or
+    # take the callers only some of them heard.
+    turns = sorted(int(r[4]) for r in fulls if isinstance(r, list) and int(r[4]) >= 0)
+    turn = turns[missing - 1] / 1000.0 if 0 < missing <= len(turns) else None
     return PermitRound(
-        None, full=len(fulls) >= quorum, holder=holder, holder_ttl=holder_ttl, clean=clean
-    )
+        None, full=len(fulls) >= quorum, holder=holder, holder_ttl=holder_ttl, clean=clean,
+        turn=turn,
+    )  # fmt: skip
 
 
 def _recorded(raw: object) -> str:

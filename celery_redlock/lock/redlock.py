@@ -348,6 +348,7 @@ class Redlock(ShowsSettings):
         *,
         timeout: Optional[Duration] = 0,
         holder: Optional[str] = None,
+        reserve: Optional[bool] = None,
     ) -> float:
         """A start under ``rate`` on ``key``: at most R starts per period across every
         caller, in any window of that length (``"10/s"``, ``"100/m"``, ``"1000/h"``,
@@ -359,8 +360,14 @@ class Redlock(ShowsSettings):
         Raises ``QuorumUnavailable`` when too few nodes answered. Every caller of
         one key must give the same rate (``ConfigurationError`` otherwise). A start
         cannot be taken back: its place in the window frees when the window passes.
+
+        ``reserve=True`` (the default when ``timeout`` is not 0): a refused caller
+        takes a *turn* -- the wait returned is until its turn, a spacing of
+        period / R after the turn handed out before it -- so callers that come back
+        when told arrive at the rate instead of all at once. Take turns only when
+        you do come back (a turn nobody uses is a gap in the pacing).
         """
-        return self._drive(self._rules.admit_steps(key, rate, holder, timeout))
+        return self._drive(self._rules.admit_steps(key, rate, holder, timeout, reserve))
 
     # -- release, inspection and operators' deletions ------------------------------
 

@@ -320,18 +320,21 @@ class LockRules:
         return self.why_not(held.keys, results)
 
     def admit_steps(
-        self, key: str, rate: object, holder: Optional[str], timeout: object
-    ) -> Steps[float]:
+        self, key: str, rate: object, holder: Optional[str], timeout: object,
+        reserve: Optional[bool] = None,
+    ) -> Steps[float]:  # fmt: skip
         """Tries to start under ``rate`` on ``key`` (permit_steps.admit_steps), with
         a ``Pause`` until the window admits one, for up to ``timeout`` seconds
-        (None: until admitted): 0.0 once admitted, else the wait still needed."""
+        (None: until admitted): 0.0 once admitted, else the wait still needed.
+        ``reserve`` (default: when it waits) takes a turn when refused."""
         key = validate.lock_key_name(key, reserved=INTERNAL)
         terms = Terms.rate(rate)
         who = holder_argument(holder)
         limit = validate.wait_limit("timeout", timeout)
+        turns = limit != 0 if reserve is None else validate.flag("reserve", reserve)
         give_up = None if limit is None else self.clock() + limit
         while True:
-            wait = yield from permit_steps.admit_steps(self, key, terms, who)
+            wait = yield from permit_steps.admit_steps(self, key, terms, who, turns)
             if wait == 0.0:
                 return 0.0
             if give_up is not None and give_up - self.clock() < wait:

@@ -40,6 +40,7 @@ __all__ = [
     "permit_slot_prefix",
     "permit_terms_record",
     "permit_tombstone",
+    "permit_turns",
     "publish_wake",
     "read_holding",
     "reentry_holds",
@@ -133,6 +134,12 @@ def permit_of(name: str) -> Optional[tuple[str, str, int]]:
 def permit_terms_record(key: str, kind: str) -> str:
     """Where the nodes record the terms (N, or R/period) of ``key``'s permits."""
     return f"{key}{INTERNAL}{kind}"
+
+
+def permit_turns(key: str) -> str:
+    """Where the nodes keep when a rate's next reserved turn is (a hint for pacing
+    the callers that come back, never part of what a start needs)."""
+    return f"{key}{INTERNAL}{RATE}-turns"
 
 
 def permit_tombstone(key: str, kind: str, value: str) -> str:

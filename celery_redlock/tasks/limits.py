@@ -9,9 +9,12 @@ task.py calls two things here, in this order, before a body starts:
 - :func:`admit_start` -- a start under ``redlock_rate``: counted on the nodes and
   the body runs, or the copy comes back when the window admits it. A copy over the
   rate is never skipped or failed for it and spends no lock retry: it is published
-  again (same task id, same lock-retry count) with a countdown of the window's
-  wait plus a random share of the period, so copies refused together do not all
-  come back together. Eager mode waits inline.
+  again (same task id, same lock-retry count) with a countdown to the turn the
+  nodes handed it (``Redlock.admit(reserve=True)``: turns a spacing of period / R
+  apart), so copies refused together come back at the rate, not all together --
+  never later than half the broker's visibility timeout (a message held longer is
+  handed out again: a second copy), when it is told a new turn. Eager mode waits
+  inline.
 
 The permit is taken before the start is counted: a start counted for a copy that
 then found every permit taken would be a place in the window nobody used.
@@ -46,7 +49,7 @@ from .headers import (
 )
 from .options import TaskOptions
 
-__all__ = ["RATE_SPREAD", "admit_start", "take_lease"]
+__all__ = ["LONGEST_COUNTDOWN", "RATE_SPREAD", "admit_start", "longest_countdown", "take_lease"]
 
 # The name the task's own lines go under: users filter on it.
 logger = logging.getLogger("celery_redlock.task")
@@ -55,8 +58,9 @@ logger = logging.getLogger("celery_redlock.task")
 #: beat tick, its place in a hand-off queue, its queue-once place.
 KEPT_HEADERS = (RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER)
 
-#: Copies over the rate come back after the window's wait plus a random share of
-#: the period up to this fraction, so a backlog refused together spreads out.
+#: A copy over the rate comes back at the turn the nodes handed it (turns are a
+#: spacing of period / R apart, so a backlog comes back at the rate, not at once),
+#: plus a random share of one spacing up to this fraction.
 RATE_SPREAD = 0.5
 
 
@@ -86,8 +90,9 @@ def admit_start(
     request = task.request
     try:
         wait = redlock.admit(
-            key, options.rate, holder=holder, timeout=None if request.is_eager else 0
-        )
+            key, options.rate, holder=holder, timeout=None if request.is_eager else 0,
+            reserve=True,
+        )  # fmt: skip
     except RedlockError:
         _release(lease, key)
         raise
@@ -95,7 +100,11 @@ def admit_start(
         return
     _release(lease, key)
     terms = str(Terms.rate(options.rate))
-    countdown = wait + random.uniform(0.0, options.rate[1] * RATE_SPREAD)
+    count, period = options.rate
+    countdown = wait + random.uniform(0.0, period / count * RATE_SPREAD)
+    # Held past the broker's visibility timeout, a countdown is handed out again (a
+    # second copy): come back earlier and be told a new turn instead.
+    countdown = min(countdown, longest_countdown(task.app))
     logger.info(
         "rate reached: task %s[%s] key %s: %s, next start in %.1fs -> comes back in %.1fs",
         task.name, request.id, key, terms, wait, countdown,
@@ -105,6 +114,24 @@ def admit_start(
         countdown=countdown, attempt=None, limit=terms,
     )  # fmt: skip
     raise _come_back(task, countdown, LockContended(key, None, wait, limit=terms))
+
+
+#: The longest countdown a copy over the rate is given, whatever its turn: RabbitMQ
+#: closes a channel holding an unacked message 30 minutes (its default
+#: ``consumer_timeout``), and a worker holds a countdown's message unacked.
+LONGEST_COUNTDOWN = 25 * 60.0
+
+
+def longest_countdown(app: Any) -> float:
+    """How long a copy may wait in a worker for its countdown without the broker
+    handing its message out again: half the Redis/SQS ``visibility_timeout`` (kombu's
+    default: one hour), at most ``LONGEST_COUNTDOWN``."""
+    options = app.conf.broker_transport_options or {}
+    try:
+        visibility = float(options.get("visibility_timeout", 3600))
+    except (TypeError, ValueError):
+        visibility = 3600.0
+    return max(0.05, min(visibility / 2, LONGEST_COUNTDOWN))
 
 
 def _release(lease: Optional[Lease], key: str) -> None:

@@ -320,3 +320,21 @@ def test_asyncio_has_limits_and_rates(redis_nodes: RedisNodes) -> None:
 def test_permit_slots_share_the_keys_prefix() -> None:
     assert permit_slot("tenant:7", LIMIT, 3).startswith("tenant:7")
     assert permit_slot_prefix("k", LIMIT) + "0" == permit_slot("k", LIMIT, 0)
+
+
+def test_callers_refused_by_a_full_window_are_handed_turns_a_spacing_apart(
+    redis_nodes: RedisNodes,
+) -> None:
+    lock = _lock(redis_nodes)
+    assert [lock.admit("turns", "2/s") for _ in range(2)] == [0.0, 0.0]
+    # Without a reservation every refused caller is told when the window next frees.
+    plain = [lock.admit("turns", "2/s") for _ in range(3)]
+    assert all(0.0 < wait <= 1.1 for wait in plain)
+    # With one, each is told its own turn: period / R = 0.5 s after the one before,
+    # less the time between the calls (node time: the nodes' TIME and expiry).
+    turns = [lock.admit("turns", "2/s", reserve=True) for _ in range(4)]
+    gaps = [later - earlier for earlier, later in zip(turns, turns[1:])]
+    assert all(0.25 < gap <= 0.51 for gap in gaps), turns
+    assert turns[0] <= 1.1
+    with pytest.raises(ConfigurationError, match="reserve must be True or False"):
+        lock.admit("turns", "2/s", reserve="yes")  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from celery.result import AsyncResult
 
 from celery_redlock import ConfigurationError, LockContended, RedlockTask, signals
 from celery_redlock.skipped import is_skipped
+from celery_redlock.tasks.limits import longest_countdown
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.appfixture import worker_test_app
 
@@ -197,3 +198,15 @@ def test_a_failing_copy_over_the_limit_fails_naming_it(app: Celery, observer: Ob
     errors = [r for r in results if isinstance(r, LockContended)]
     assert errors and all(e.limit == "limit 2/2" for e in errors)
     assert observer.most_inside("f") == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "longest"),
+    [({}, 1500.0), ({"visibility_timeout": 10}, 5.0), ({"visibility_timeout": "x"}, 1500.0),
+     ({"visibility_timeout": 7200}, 1500.0)],
+)  # fmt: skip
+def test_a_copy_over_the_rate_waits_at_most_half_the_visibility_timeout(
+    app: Celery, options: dict[str, Any], longest: float
+) -> None:
+    app.conf.broker_transport_options = options
+    assert longest_countdown(app) == longest
