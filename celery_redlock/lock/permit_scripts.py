@@ -31,8 +31,8 @@ ACQUIRE_PERMIT: Final = Script(
 -- prefix (slot i is ARGV[4] .. i); ARGV[5] '1' when fenced; ARGV[6] the terms;
 -- ARGV[7] where this round's scan starts (0..N-1, the caller's random pick: every
 -- node starts there for this caller, racing callers start apart); ARGV[8] a rate's
--- spacing in ms (period / R) when the caller reserves a turn, else 0; a rate's
--- KEYS[3] the key's turns (when the next reserved turn is, in this node's ms);
+-- spacing in ms (a slot's lifetime / R) when the caller reserves a turn, else 0;
+-- a rate's KEYS[3] the key's turns (when the next reserved turn is, in this node's ms);
 -- ARGV[9] 'limit' or 'rate'
 -- returns {1, counter, i}: slot i was free (the first free one from the start, in
 --           order, wrapping) and now holds our value for ttl, or already held it

@@ -113,7 +113,9 @@ def admit_steps(
     undo = functools.partial(drop_permits_command, key, terms, value, hold)
     started = rules.clock()
     start = random.randrange(terms.count)
-    command = acquire_permit_command(key, terms, value, hold, False, start, reserve)
+    # Turns a slot's lifetime / R apart: the pace at which slots really free.
+    spacing = hold / terms.count if reserve else 0.0
+    command = acquire_permit_command(key, terms, value, hold, False, start, spacing)
     results = yield _ask(rules, command, undo)
     read = yield from _read(rules, key, terms, results, undo)
     if read.slot is not None:

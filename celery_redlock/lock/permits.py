@@ -100,26 +100,26 @@ def _period_text(period: float) -> str:
 
 def acquire_permit_command(
     key: str, terms: Terms, value: str, ttl: float, fenced: bool, start: int = 0,
-    reserve: bool = False,
+    spacing: float = 0.0,
 ) -> Command:  # fmt: skip
     """Take the first free slot of ``key``'s permits from slot ``start`` on (in order,
     wrapping) for ``ttl`` s on each node. Callers pick ``start`` at random per round:
     every node scans from the same place for one caller, so they agree on its slot
     unless another caller took it meanwhile, and racing callers aim apart.
-    ``reserve`` (a rate): when every slot is taken, each node hands out the caller's
-    turn (see permit_scripts.ACQUIRE_PERMIT)."""
+    ``spacing`` (a rate, seconds; 0: none): when every slot is taken, each node hands
+    out the caller's turn, ``spacing`` after the last (permit_scripts.ACQUIRE_PERMIT)."""
     keys = [permit_terms_record(key, terms.kind), permit_tombstone(key, terms.kind, value)]
     if terms.kind == LIMIT:
         keys.append(key)  # held as a mutex: a caller of the key disagrees
     else:
         keys.append(permit_turns(key))
-    spacing = ms(terms.period / terms.count) if reserve and terms.period else 0
+    turns = ms(spacing) if spacing > 0 and terms.kind == RATE else 0
     return Command(
         ACQUIRE_PERMIT,
         keys,
         [
             value, ms(ttl), terms.count, permit_slot_prefix(key, terms.kind),
-            "1" if fenced else "0", terms.record, start % terms.count, spacing,
+            "1" if fenced else "0", terms.record, start % terms.count, turns,
             terms.kind,
         ],
     )  # fmt: skip

@@ -362,10 +362,10 @@ class Redlock(ShowsSettings):
         cannot be taken back: its place in the window frees when the window passes.
 
         ``reserve=True`` (the default when ``timeout`` is not 0): a refused caller
-        takes a *turn* -- the wait returned is until its turn, a spacing of
-        period / R after the turn handed out before it -- so callers that come back
-        when told arrive at the rate instead of all at once. Take turns only when
-        you do come back (a turn nobody uses is a gap in the pacing).
+        takes a *turn* -- the wait returned is until its turn, a slot's lifetime
+        (the period and its margins) / R after the turn handed out before it -- so
+        callers that come back when told arrive at the rate, not all at once. Take
+        turns only when you do come back (a turn nobody uses is a gap in the pace).
         """
         return self._drive(self._rules.admit_steps(key, rate, holder, timeout, reserve))
 

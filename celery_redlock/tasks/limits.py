@@ -10,7 +10,7 @@ task.py calls two things here, in this order, before a body starts:
   the body runs, or the copy comes back when the window admits it. A copy over the
   rate is never skipped or failed for it and spends no lock retry: it is published
   again (same task id, same lock-retry count) with a countdown to the turn the
-  nodes handed it (``Redlock.admit(reserve=True)``: turns a spacing of period / R
+  nodes handed it (``Redlock.admit(reserve=True)``: turns a slot's lifetime / R
   apart), so copies refused together come back at the rate, not all together --
   never later than half the broker's visibility timeout (a message held longer is
   handed out again: a second copy), when it is told a new turn. Eager mode waits
@@ -59,7 +59,7 @@ logger = logging.getLogger("celery_redlock.task")
 KEPT_HEADERS = (RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER)
 
 #: A copy over the rate comes back at the turn the nodes handed it (turns are a
-#: spacing of period / R apart, so a backlog comes back at the rate, not at once),
+#: slot's lifetime / R apart, so a backlog comes back at the rate, not at once),
 #: plus a random share of one spacing up to this fraction.
 RATE_SPREAD = 0.5
 

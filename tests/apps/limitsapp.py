@@ -4,10 +4,8 @@ worker`` subprocesses: tasks with ``redlock_limit`` and ``redlock_rate``.
 Made by tests/apps/factory.py (environment, observer, task bodies: see there). Every
 body is :func:`~tests.apps.factory.pool_body`: it reports its entry, its stay and its
 exit to the observer, which is how the tests judge the limit and the rate. Messages
-are acknowledged late and rejected when their worker is lost, and the Redis
-transport hands an unacked message out again after ``VISIBILITY_TIMEOUT``, so a
-body killed with its process (a prefork child, or a whole worker) runs again: every
-task a test sends ends SUCCESS.
+are acknowledged late and rejected when their worker is lost, so a body killed
+with its prefork child runs again: every task a test sends ends SUCCESS.
 """
 
 from __future__ import annotations
@@ -29,11 +27,12 @@ TTL = 2.0
 
 #: Prefetch: a gevent worker's consumer raises its prefetch for each countdown it
 #: holds only between two reads of the broker (up to 2 s apart), so a low one
-#: starves it of the copies that come back; Celery's own advice for green pools.
+#: starves it of the copies that come back (README, "Limits and rates").
 PREFETCH = 4
-#: Seconds an unacked message stays invisible: a killed worker's messages come back
-#: after it (swept every second). Far above any countdown here (at most ~1.5 s).
-VISIBILITY_TIMEOUT = 5
+#: Seconds an unacked message stays invisible. A copy over the rate waits at most
+#: half of it for its turn (tasks/limits.py), so the 10 s backlog of the rate test
+#: comes back by turns, not capped.
+VISIBILITY_TIMEOUT = 60
 
 app = worker_app(
     "limitsapp", 0.05, 0.3, task_acks_late=True, task_reject_on_worker_lost=True,
