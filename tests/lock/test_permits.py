@@ -183,7 +183,7 @@ def test_a_late_acquire_after_its_release_sets_nothing(redis_nodes: RedisNodes) 
     assert lease.release()
     command = acquire_permit_command("late", Terms.limit(2), lease.value, TTL, False)
     client = redis_nodes[0].client()
-    reply = client.execute_command("EVALSHA", *command.evalsha_args())  # type: ignore[no-untyped-call]
+    reply = client.eval(*command.eval_args())
     assert reply == [None, -2]
     assert _slots_held(redis_nodes, "late", 2) == [[False, False]] * 5
 
@@ -332,10 +332,12 @@ def test_callers_refused_by_a_full_window_are_handed_turns_a_spacing_apart(
     assert all(0.0 < wait <= 1.1 for wait in plain)
     # With one, each is told its own turn: a slot's lifetime / R (0.516 s: the
     # period, its 1% drift and 22 ms margins, / 2) after the one before, less the
-    # time between the calls (node time: the nodes' TIME and expiry).
+    # time between the calls (node time). Each turn is the quorum-th of the five
+    # nodes', whose first turns came from their own expiries a few ms apart, so a
+    # gap may show a few ms more.
     turns = [lock.admit("turns", "2/s", reserve=True) for _ in range(4)]
     gaps = [later - earlier for earlier, later in zip(turns, turns[1:])]
-    assert all(0.25 < gap <= 0.517 for gap in gaps), turns
+    assert all(0.25 < gap <= 0.522 for gap in gaps), turns
     assert turns[0] <= 1.1
     with pytest.raises(ConfigurationError, match="reserve must be True or False"):
         lock.admit("turns", "2/s", reserve="yes")  # type: ignore[arg-type]
