@@ -48,20 +48,9 @@ def _not_won(what: str) -> OpFailed:
     return OpFailed("not won", what)
 
 
-def _mutex_op(redlock: Redlock, key: str) -> Op:
-    def op() -> None:
-        try:
-            lease = redlock.acquire(key, blocking=False)
-            if lease is None:
-                raise _not_won(key)
-            lease.release()
-        except QuorumUnavailable as error:
-            raise OpFailed("QuorumUnavailable", str(error)) from None
-
-    return op
-
-
 def _limit_op(redlock: Redlock, key: str, limit: int) -> Op:
+    """acquire + release of one of ``key``'s ``limit`` permits (1: the mutex)."""
+
     def op() -> None:
         try:
             lease = redlock.acquire(key, blocking=False, limit=limit)
@@ -222,7 +211,7 @@ def overhead(
             _Entry(f"floor2_{n}", "floor: SET NX PX + DEL", n, "acquire+release", floor2),
             _Entry(f"floor1_{n}", "floor: one SET PX round", n, "admit", floor1),
             _Entry(f"mutex_{n}", "ours: mutex acquire + release", n, "acquire+release",
-                   _mutex_op(redlock, keys("mutex", n))),
+                   _limit_op(redlock, keys("mutex", n), 1)),
             _Entry(f"limit_{n}", f"ours: acquire(limit={plan.limit}) + release", n,
                    "acquire+release", _limit_op(redlock, keys("limit", n), plan.limit)),
             _Entry(f"admit_{n}", f"ours: admit, {plan.rate_count}/{plan.rate_period_s:g}s, "

@@ -129,9 +129,9 @@ class Settings:
 
     def permit_terms(self, keys: Keys, limit: object, reentrant: bool) -> Optional[Terms]:
         """acquire's ``limit``: None for a mutex (1), else the terms of its permits."""
+        if validate.permit_count("limit", limit) == 1:
+            return None  # the mutex: nothing more to check or build
         terms = Terms.limit(limit)
-        if terms.count == 1:
-            return None
         if len(keys) > 1:
             raise ConfigurationError(
                 f"limit={limit!r} takes one key, got key={list(keys)!r}: a set of keys "

@@ -71,10 +71,6 @@ class Command:
             self._keys + self._args
         )
 
-    def evalsha_args(self) -> tuple[object, ...]:
-        """The call as ``EVALSHA`` arguments, for a plain client (tests, tools)."""
-        return (self.script.sha, len(self._keys), *self._keys, *self._args)
-
     def eval_args(self) -> tuple[Any, ...]:
         """The call as ``EVAL`` arguments (``redis.Redis.eval(*command.eval_args())``),
         for a plain client that may not have loaded the script (the CLI)."""
