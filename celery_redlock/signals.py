@@ -33,7 +33,8 @@ lock_contended = Signal(
 )  # fmt: skip
 """Another holder has the lock. ``holder``: who (``task-id@worker:pid``); ``ttl``: seconds
 until it frees (None if unknown); ``action``: ``"retry"``, ``"skip"`` or ``"fail"``, or
-``"wait"`` for a copy over its rate (it comes back, spending no lock retry);
+``"wait"`` for a copy over its rate or one that met its own task id's earlier
+delivery (it comes back, spending no lock retry);
 ``countdown`` (seconds) when it comes back, ``attempt`` (1-based lock retry) when
 retrying, else None; ``limit``: what was reached on a key with several permits
 (``"limit 5/5"``, ``"rate 100/m"``), None for a mutex."""

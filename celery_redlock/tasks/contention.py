@@ -165,9 +165,6 @@ class Verdict:
     then: str
     #: The lock retries ran out (``on_retries_exhausted`` chose the action).
     exhausted: bool
-    #: The lock is held by another execution of this very task id: dropped, storing
-    #: nothing (failing it would store FAILURE over a task about to succeed).
-    redelivered: bool
 
 
 def verdict(
@@ -178,7 +175,6 @@ def verdict(
     outage: bool,
     eager: bool,
     eager_left: Optional[float],
-    own_holder: bool,
     split: bool = False,
 ) -> Verdict:
     """Lock retry ``attempt`` (1-based) of a copy that met a held lock (``outage``: no
@@ -197,9 +193,6 @@ def verdict(
     )
     if exhausted:
         action = options.on_retries_exhausted
-    redelivered = action != "retry" and own_holder
-    if redelivered:
-        action = "skip"
     countdown = None
     if action == "retry":
         countdown = retry_countdown(
@@ -212,4 +205,4 @@ def verdict(
         then = f"{'skipped' if action == 'skip' else 'failed'} (lock retries exhausted)"
     else:
         then = "skipped" if action == "skip" else "failed"
-    return Verdict(action, countdown, then, exhausted, redelivered)
+    return Verdict(action, countdown, then, exhausted)

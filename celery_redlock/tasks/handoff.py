@@ -29,7 +29,7 @@ import logging
 import time
 from typing import Any, Optional, Union
 
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 from celery.utils import uuid
 from kombu.utils.json import dumps, loads
 
@@ -37,8 +37,16 @@ from ..errors import LockContended, QuorumUnavailable
 from ..lock import waiters as handoff
 from ..lock.redlock import Redlock
 from .config import app_config
-from .headers import ARRIVAL_HEADER, COPY_HEADER, RETRIES_HEADER, WAITER_HEADER, header
+from .headers import (
+    ARRIVAL_HEADER,
+    COPY_HEADER,
+    RETRIES_HEADER,
+    WAITER_HEADER,
+    header,
+    kept_headers,
+)
 from .options import TaskOptions
+from .republish import copy_signature, publish_again
 
 __all__ = ["claim_copy", "publish_retry", "wake_next"]
 
@@ -89,8 +97,9 @@ def claim_copy(
 
 def publish_retry(
     task: Any, key: str, options: TaskOptions, countdown: float, attempt: int, exc: Exception
-) -> Retry:
-    """Publish this task again in ``countdown`` s, counting a lock retry.
+) -> Ignore:
+    """Publish this task again in ``countdown`` s, counting a lock retry; the
+    ``Ignore`` to raise (RETRY is stored first, republish.py).
 
     Not ``task.retry()``: that would spend the task's own ``max_retries`` budget and
     bump ``request.retries``, which the body may use for its own backoff. With
@@ -98,7 +107,7 @@ def publish_retry(
     a copy whose claim was undecided keeps its waiter and copy ids instead.
     """
     request = task.request
-    headers = dict(request.headers or {})
+    headers = kept_headers(request)
     headers[RETRIES_HEADER] = attempt
     keep = bool(getattr(request, "redlock_claim_undecided", False))
     waiter: Optional[str] = None
@@ -109,17 +118,19 @@ def publish_retry(
         waiter = headers[WAITER_HEADER] = uuid()
     if keep or waiter is not None:  # a copy that waits again keeps its place
         headers[ARRIVAL_HEADER] = header(request, ARRIVAL_HEADER) or int(time.time() * 1000)
-    signature = task.signature_from_request(request, None, None, headers=headers)
+    signature = copy_signature(task, headers)
     if waiter is not None:
         _register(task, key, options, waiter, headers[ARRIVAL_HEADER], signature, countdown)
         headers[COPY_HEADER] = uuid()  # the fallback's own copy id
-    signature.apply_async(countdown=countdown, headers=headers)
+    ended = publish_again(
+        task, signature, headers, countdown, f"lock retry in {countdown:.1f}s", exc
+    )
     # The release we wait for may have come before we registered and woken nobody.
     # Only a mutex can be read for that (a limit's permits have no one holder to
     # read); a limited copy's fallback covers it, later.
     if waiter is not None and options.limit == 1 and _lock_looks_free(task, key, options):
         wake_next(task, key, options)
-    return Retry(exc=exc, when=countdown, sig=signature)
+    return ended
 
 
 def _register(

@@ -16,12 +16,14 @@ from typing import Any
 __all__ = [
     "ARRIVAL_HEADER",
     "COPY_HEADER",
+    "EARLIER_RUN_HEADER",
     "ENTRY_HEADER",
     "QUEUED_HEADER",
     "RETRIES_HEADER",
     "TICK_HEADER",
     "WAITER_HEADER",
     "header",
+    "kept_headers",
 ]
 
 #: The tick a beat sent the task for (an int: epoch seconds or an interval bucket).
@@ -38,6 +40,16 @@ WAITER_HEADER = "redlock_waiter"
 COPY_HEADER = "redlock_copy"
 #: ...and the task's first contention time, ms since the epoch (its place in the queue).
 ARRIVAL_HEADER = "redlock_arrival"
+#: This copy met its own task id's lock: an earlier run may have finished (redelivery.py).
+EARLIER_RUN_HEADER = "redlock_earlier_run"
+
+#: What a copy published again keeps of its message's headers: its lock retries, its
+#: beat tick, its place in a hand-off queue, its queue-once place, its earlier run.
+#: (A hand-off waiter's and copy's ids are the message's own: handoff.py decides.)
+KEPT_HEADERS = (
+    RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER,
+    EARLIER_RUN_HEADER,
+)  # fmt: skip
 
 
 def header(request: Any, name: str) -> Any:
@@ -47,3 +59,17 @@ def header(request: Any, name: str) -> Any:
     if value is None:
         value = (getattr(request, "headers", None) or {}).get(name)
     return value
+
+
+def kept_headers(request: Any) -> dict[str, Any]:
+    """The headers to publish the running message again with: its own, those of
+    :data:`KEPT_HEADERS` put back from the request (a worker's request may carry them
+    as attributes only), without the hand-off waiter's and copy's ids."""
+    headers = dict(getattr(request, "headers", None) or {})
+    for name in (WAITER_HEADER, COPY_HEADER):
+        headers.pop(name, None)
+    for name in KEPT_HEADERS:
+        value = header(request, name)
+        if value is not None:
+            headers[name] = value
+    return headers

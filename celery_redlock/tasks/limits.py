@@ -29,7 +29,7 @@ import logging
 import random
 from typing import Any, Optional
 
-from celery.exceptions import Retry
+from celery.exceptions import Ignore
 
 from .. import signals
 from ..errors import LockContended, RedlockError
@@ -37,26 +37,21 @@ from ..lock.permits import Terms
 from ..lock.redlock import Lease, Redlock
 from ..lock.validate import UNLIMITED
 from .contention import acquire_or_contended
-from .headers import (
-    ARRIVAL_HEADER,
-    COPY_HEADER,
-    ENTRY_HEADER,
-    QUEUED_HEADER,
-    RETRIES_HEADER,
-    TICK_HEADER,
-    WAITER_HEADER,
-    header,
-)
+from .headers import kept_headers
 from .options import TaskOptions
+from .republish import copy_signature, publish_again
 
-__all__ = ["LONGEST_COUNTDOWN", "RATE_SPREAD", "admit_start", "longest_countdown", "take_lease"]
+__all__ = [
+    "LONGEST_COUNTDOWN",
+    "RATE_SPREAD",
+    "admit_start",
+    "give_back",
+    "longest_countdown",
+    "take_lease",
+]
 
 # The name the task's own lines go under: users filter on it.
 logger = logging.getLogger("celery_redlock.task")
-
-#: What a copy that comes back keeps of its message's headers: its lock retries, its
-#: beat tick, its place in a hand-off queue, its queue-once place.
-KEPT_HEADERS = (RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER)
 
 #: A copy over the rate comes back at the turn the nodes handed it (turns are a
 #: slot's lifetime / R apart, so a backlog comes back at the rate, not at once),
@@ -83,7 +78,7 @@ def admit_start(
     lease: Optional[Lease],
 ) -> None:  # fmt: skip
     """Count this start under the task's rate, or bring the copy back when the
-    window admits it (``Retry``; ``lease`` released first). Raises
+    window admits it (``Ignore``, published again; ``lease`` released first). Raises
     ``QuorumUnavailable`` (``lease`` released) when too few nodes answered."""
     if options.rate is None:
         return
@@ -94,11 +89,11 @@ def admit_start(
             reserve=True,
         )  # fmt: skip
     except RedlockError:
-        _release(lease, key)
+        give_back(lease, key)
         raise
     if wait == 0.0:
         return
-    _release(lease, key)
+    give_back(lease, key)
     terms = str(Terms.rate(options.rate))
     count, period = options.rate
     countdown = wait + random.uniform(0.0, period / count * RATE_SPREAD)
@@ -134,7 +129,7 @@ def longest_countdown(app: Any) -> float:
     return max(0.05, min(visibility / 2, LONGEST_COUNTDOWN))
 
 
-def _release(lease: Optional[Lease], key: str) -> None:
+def give_back(lease: Optional[Lease], key: str) -> None:
     """Give the permit back before leaving (it would free at its TTL anyway)."""
     if lease is None:
         return
@@ -144,18 +139,11 @@ def _release(lease: Optional[Lease], key: str) -> None:
         logger.warning("releasing lock %s failed; it expires within its TTL", key, exc_info=True)
 
 
-def _come_back(task: Any, countdown: float, exc: LockContended) -> Retry:
+def _come_back(task: Any, countdown: float, exc: LockContended) -> Ignore:
     """Publish this copy again in ``countdown`` s: same task id, same headers (its
     lock retries unspent), without a hand-off waiter's ids (those were this
     message's own)."""
-    request = task.request
-    headers = dict(request.headers or {})
-    for name in (WAITER_HEADER, COPY_HEADER):
-        headers.pop(name, None)
-    for name in KEPT_HEADERS:  # a worker's request may carry them as attributes only
-        value = header(request, name)
-        if value is not None:
-            headers[name] = value
-    signature = task.signature_from_request(request, None, None, headers=headers)
-    signature.apply_async(countdown=countdown, headers=headers)
-    return Retry(exc=exc, when=countdown, sig=signature)
+    headers = kept_headers(task.request)
+    signature = copy_signature(task, headers)
+    why = f"comes back in {countdown:.1f}s"
+    return publish_again(task, signature, headers, countdown, why, exc)

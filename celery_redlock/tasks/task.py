@@ -19,9 +19,9 @@ the lock taken is retried later (``"retry"``, the default), skipped (``"skip"``)
 failed with ``LockContended`` (``"fail"``); the worker logs one WARNING line per
 contention naming the task, key, holder and what happens next. A skipped copy does not
 run its body and ends SUCCESS with the ``Skipped`` marker as its value (skipped.py), so
-``.get()``, groups, chords and links go on at once. A redelivered copy of an execution
-that is still running (same task id, it meets its own lock) is dropped storing
-nothing, in "skip" and "fail" mode alike: the running execution's result stands.
+``.get()``, groups, chords and links go on at once. A copy that meets its own task
+id's lock (a redelivery) waits for that earlier run in every mode, and runs only if it
+finished nothing (redelivery.py).
 
 What happens to the lock when:
 
@@ -35,9 +35,9 @@ What happens to the lock when:
 - the worker child is SIGKILLed (OOM killer, a child that ignores SIGTERM): the
   child and its watchdog die, nothing is released, and the lock frees itself within
   ``redlock_ttl`` (the renewal stops at once);
-- the message is redelivered (``acks_late``, visibility timeout) while the first
-  execution still runs: the redelivery does not share the first one's token, so it
-  meets a held lock and waits (retry) instead of running beside it;
+- the message is redelivered (``acks_late``, visibility timeout, a killed child)
+  while the first execution holds the lock: the redelivery does not share its token,
+  meets the held lock and waits for it, then runs only if no result was stored;
 - revoke before start: the task never ran, so it never held the lock.
 
 Queue once (``redlock_dedupe_queued=True``): ``delay`` / ``apply_async`` (and beat,
@@ -72,7 +72,6 @@ import time
 from typing import Any, Callable, Optional
 
 from celery import Task
-from celery.exceptions import Ignore
 from celery.signals import task_postrun, task_revoked
 from celery.utils import uuid
 
@@ -83,7 +82,7 @@ from ..lock.redlock import Lease, Redlock
 from ..lock.watchdog import get_watchdog
 from ..skipped import SKIPPED, is_skipped, skipped_result
 from . import handoff as waiting
-from . import limits, queue_once
+from . import limits, queue_once, redelivery
 from .call_options import once_task_options
 from .config import app_config
 from .contention import acquire_or_contended, retry_countdown, verdict
@@ -258,6 +257,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             try:
                 # Skipping or failing drops this copy: take_lease makes sure first.
                 lease = limits.take_lease(redlock, key, options, holder, SPLIT_VOTE_PATIENCE)
+                redelivery.drop_if_finished_earlier(self, key, options, lease)
                 limits.admit_start(self, key, options, redlock, holder, lease)
                 break
             except (LockContended, QuorumUnavailable) as exc:
@@ -317,7 +317,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         except LockContended as exc:
             if exc.split:  # nobody holds the tick: that it ran is unproven, come back
                 return self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
-            if self._is_own_holder(exc.holder):
+            if redelivery.is_earlier_run(self, exc.holder):
                 return None
             logger.warning(
                 "beat tick already ran: task %s[%s] entry %s tick %s ran as %s -> skipped",
@@ -344,12 +344,14 @@ class RedlockTask(Task):  # type: ignore[misc]
         attempt = self._redlock_retries() + 1
         outage = isinstance(exc, QuorumUnavailable)
         split = isinstance(exc, LockContended) and exc.split
+        if holder and not (split or request.is_eager) and redelivery.is_earlier_run(self, holder):
+            raise redelivery.wait_for_earlier_run(self, key, options, holder, ttl)
         eager_left = None
         if request.is_eager and not self._redlock_inline_wait_over(ttl, options.ttl):
             eager_left = request.redlock_wait_until - time.monotonic()
         decided = verdict(
             options, attempt, ttl, outage=outage, eager=request.is_eager,
-            eager_left=eager_left, own_holder=self._is_own_holder(holder), split=split,
+            eager_left=eager_left, split=split,
         )  # fmt: skip
         action, countdown, then = decided.action, decided.countdown, decided.then
         if outage:
@@ -397,15 +399,9 @@ class RedlockTask(Task):  # type: ignore[misc]
                 return None
             raise waiting.publish_retry(self, key, options, countdown, attempt, exc)
         queue_once.hand_back(self, key, options)  # this copy will not run
-        if decided.redelivered:
-            raise Ignore(f"skipped: lock {key} held by this task's running execution")
         if action == "skip":
             return skipped_result(key, holder, str(exc), decided.exhausted)
         raise exc
-
-    def _is_own_holder(self, holder: Optional[str]) -> bool:
-        """The lock is held by another execution of this very task id."""
-        return (holder or "").startswith(f"{self.request.id}@")
 
     def _redlock_retries(self) -> int:
         """Lock retries so far: published ones (header), and inline waits (eager)."""

@@ -59,6 +59,11 @@ long_acks_late = _occupy_task("long_acks_late", redlock_ttl=2.0, acks_late=True)
 long_acks_late_skip = _occupy_task(
     "long_acks_late_skip", redlock_ttl=2.0, acks_late=True, redlock_on_contended="skip"
 )
+#: Requeued when its pool child dies (reject_on_worker_lost), skipping duplicates.
+killed_skip = _occupy_task(
+    "killed_skip", redlock_ttl=2.0, acks_late=True, reject_on_worker_lost=True,
+    redlock_on_contended="skip",
+)  # fmt: skip
 #: SoftTimeLimitExceeded is raised in the body after 1 s; a 30 s lease.
 soft_limited = _occupy_task("soft_limited", redlock_ttl=30.0, soft_time_limit=1.0)
 #: The child is SIGKILLed after 1 s (hard limit); a 3 s lease.

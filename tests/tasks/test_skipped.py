@@ -202,20 +202,6 @@ def test_retries_exhausted_skip_is_ready_at_once(
     print(f"retries exhausted -> skip: .get() returned {took * 1000:.0f} ms after delay()")
 
 
-def test_a_redelivered_copy_of_a_running_task_stores_nothing_even_in_fail_mode(
-    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes, recorder: Recorder
-) -> None:
-    # The copy meets a lock held under its own task id: its first delivery's.
-    task_id = "same-id-0001"
-    key = tasks["fail"].lock_key((), {"tag": "redelivered"})
-    with _held_elsewhere(redis_nodes, key, holder=f"{task_id}@w1:1234"):
-        copy = tasks["fail"].apply_async(kwargs={"tag": "redelivered"}, task_id=task_id)
-        recorder.wait_for("task_postrun", task_id, HANG_GUARD)
-    # task_postrun comes after whatever the trace stores: it stored nothing.
-    assert recorder.wait_for("lock_contended", task_id)["action"] == "skip"
-    assert copy.state == "PENDING"  # no FAILURE over the running execution
-
-
 def test_fail_mode_still_raises_lock_contended_at_get(
     worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes
 ) -> None:

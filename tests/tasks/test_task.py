@@ -542,20 +542,13 @@ def test_a_split_copy_is_retried_whatever_its_mode_until_its_retries_run_out() -
         options = task_options(values)
         for attempt in (1, 3):
             decided = verdict(
-                options, attempt, None, outage=False, eager=False, eager_left=None,
-                own_holder=False, split=True,
-            )  # fmt: skip
+                options, attempt, None, outage=False, eager=False, eager_left=None, split=True
+            )
             assert decided.action == "retry" and decided.countdown is not None
-        decided = verdict(
-            options, 4, None, outage=False, eager=False, eager_left=None,
-            own_holder=False, split=True,
-        )  # fmt: skip
+        decided = verdict(options, 4, None, outage=False, eager=False, eager_left=None, split=True)
         assert decided.exhausted and decided.action == options.on_retries_exhausted
     with pytest.raises(ValueError, match="outage or a split vote, not both"):
-        verdict(
-            options, 1, None, outage=True, eager=False, eager_left=None, own_holder=False,
-            split=True,
-        )  # fmt: skip
+        verdict(options, 1, None, outage=True, eager=False, eager_left=None, split=True)
 
 
 def test_a_beat_tick_sent_twice_runs_once(tasks: dict[str, Any], recorder: Recorder) -> None:
@@ -589,11 +582,10 @@ def test_a_beat_tick_sent_twice_runs_once(tasks: dict[str, Any], recorder: Recor
     outage=st.booleans(),
     eager=st.booleans(),
     eager_left=st.one_of(st.none(), st.floats(-1.0, 30.0)),
-    own_holder=st.booleans(),
 )
 def test_the_verdict_of_a_contended_copy_follows_its_options(
     on_contended: str, exhausted_to: str, attempt: int, max_retries: int,
-    holder_ttl: Any, outage: bool, eager: bool, eager_left: Any, own_holder: bool,
+    holder_ttl: Any, outage: bool, eager: bool, eager_left: Any,
 ) -> None:  # fmt: skip
     from celery_redlock.tasks.contention import MIN_COUNTDOWN, verdict
     from celery_redlock.tasks.options import DEFAULTS, TASK_OPTIONS, task_options
@@ -605,15 +597,12 @@ def test_the_verdict_of_a_contended_copy_follows_its_options(
     )  # fmt: skip
     options = task_options(values)
     left = eager_left if eager else None
-    decided = verdict(
-        options, attempt, holder_ttl, outage=outage, eager=eager, eager_left=left,
-        own_holder=own_holder,
-    )  # fmt: skip
+    decided = verdict(options, attempt, holder_ttl, outage=outage, eager=eager, eager_left=left)
     retrying = on_contended == "retry" and not (eager and outage)
     over = attempt > max_retries or (eager and left is None)
     assert decided.exhausted == (retrying and over)
     if retrying and not over:
-        assert decided.action == "retry" and not decided.redelivered
+        assert decided.action == "retry"
         assert decided.countdown is not None
         assert MIN_COUNTDOWN <= decided.countdown <= options.retry_backoff_max
         if left is not None:
@@ -623,6 +612,5 @@ def test_the_verdict_of_a_contended_copy_follows_its_options(
         chosen = on_contended
         if on_contended == "retry":  # an eager outage fails at once, else retries ran out
             chosen = exhausted_to if decided.exhausted else "fail"
-        assert decided.redelivered == own_holder
-        assert decided.action == ("skip" if own_holder else chosen)
+        assert decided.action == chosen
         assert decided.countdown is None

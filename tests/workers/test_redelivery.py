@@ -9,7 +9,9 @@ own word. The workers are shared by the module; each test uses its own lock key.
 Rows (README, "What happens to the lock when..."):
 
 - redelivered while the first run still holds the lock (visibility timeout, same
-  task id): the duplicate meets the held lock and retries (or skips, per its mode);
+  task id): the copy waits for that run in every mode and is dropped once it has
+  stored its result; a child killed mid-body (reject_on_worker_lost): the copy waits
+  for the dead run's lease and runs;
 - SoftTimeLimitExceeded raised in the body: released in ``after_return`` at once;
 - hard time limit (child SIGKILLed): nothing releases it, it frees within its TTL;
 - revoked before it starts: it never held the lock;
@@ -22,7 +24,9 @@ test_celery_workers.py and not repeated here.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -233,6 +237,13 @@ def send(stack: Stack, task: str, **kwargs: Any) -> AsyncResult:
     return stack.client.send_task(f"redeliveryapp.{task}", kwargs=kwargs)
 
 
+def finished_earlier(stack: Stack, task_id: str) -> list[tuple[str, str]]:
+    """``(worker, line)`` for each copy of ``task_id`` dropped because an earlier
+    delivery had finished."""
+    pattern = re.escape(task_id) + r"\] key \S+: an earlier delivery of this task id already"
+    return [(w.name, line) for w in stack.workers for line in w.lines(pattern)]
+
+
 def contended(stack: Stack, task_id: str) -> list[tuple[str, str]]:
     """``(worker, line)`` for each contention WARNING about ``task_id``."""
     pattern = r"WARNING/.*\] lock contended: task redeliveryapp\.\w+\[" + re.escape(task_id)
@@ -246,19 +257,18 @@ def _ms(ns: int) -> str:
 # -- 10: visibility-timeout redelivery of a still-running task ---------------------------------
 
 
-def test_redelivered_running_task_meets_its_own_lock_and_retries_never_running_beside_it(
+def test_redelivered_running_task_waits_for_its_first_run_and_never_runs_again(
     stack: Stack,
 ) -> None:
     """What Celery does: the Redis transport hands the unacked message to the idle
     worker ~2-3 s after the first worker took it (the first still runs it: a
     visibility timeout is not a lease). The copy has the same task id but not the
-    first run's token: it meets the lock and is retried (a new message, same id)
-    until the first run releases; then the retry wins and runs the body a second time,
-    after the first, never beside it. Celery itself does not de-duplicate: the body
-    of that task id runs twice in sequence (``worker_deduplicate_successful_tasks``,
-    off by default, would not catch it either: it skips only messages flagged
-    ``redelivered`` whose result is already SUCCESS, and the lock's retry is a new
-    message)."""
+    first run's token: it meets the lock held under its own task id and waits for
+    that run (published again, no lock retry spent, no state stored) while the first
+    run renews its lease. Once the first run has stored SUCCESS and released, the
+    copy wins the lock, reads SUCCESS and is dropped: the body ran once. (Celery's
+    ``worker_deduplicate_successful_tasks``, off by default, would not catch it: it
+    skips only messages flagged ``redelivered``, and the wait is a new message.)"""
     counter = "vis-retry"
     # The first body runs until the test has seen the copy meet its lock: an event,
     # not a body long enough to outlast a redelivery expected at ~2-3 s.
@@ -272,30 +282,26 @@ def test_redelivered_running_task_meets_its_own_lock_and_retries_never_running_b
     owner = re.search(rf"held by {re.escape(result.id)}@(w\d)@\S+:{first_pid} ", line)
     assert owner is not None, line
     assert owner.group(1) != copy_worker
-    assert "-> retry in" in line
+    assert "an earlier delivery of this task id -> waits for it" in line, line
     stack.observer.set(go, 1)
 
-    eventually(lambda: runs(stack, counter).get(result.id) == 2, 30, "the retried copy ran")
-    eventually(lambda: len(intervals(stack, counter)) == 2, 10, "both bodies ended")
-    first, second = intervals(stack, counter)
-    assert first.task_id == second.task_id == result.id
-    assert first.pid == first_pid
-    assert second.start >= first.end  # after the first run, never beside it
+    outcome = result.get(timeout=20)
+    dropped = eventually(lambda: finished_earlier(stack, result.id), 20, "the copy was dropped")
+    assert "already finished (SUCCESS)" in dropped[0][1]
+    assert runs(stack, counter) == {result.id: 1}  # the copy never ran the body
+    assert outcome["runs"] == 1 and outcome["held"] is True
     assert max_occupancy(stack, counter) == 1
-    assert result.get(timeout=10)["runs"] in (1, 2)  # whichever SUCCESS was stored last
     lines = contended(stack, result.id)
     assert all(f"held by {result.id}@{owner.group(1)}@" in text for _, text in lines)
     print(
-        f"first run on {owner.group(1)} ({(first.end - first.start) / 1e9:.1f}s); copy "
-        f"redelivered to {copy_worker}, contended {len(lines)}x on the first run's lock; "
-        f"body ran again {_ms(second.start - first.end)} after the first ended; "
-        "max occupancy 1"
+        f"copy redelivered to {copy_worker}, waited {len(lines)}x for the first run on "
+        f"{owner.group(1)}, then dropped: {dropped[0][1].split('] ', 1)[-1]}"
     )
 
 
-def test_redelivered_running_task_in_skip_mode_is_dropped_and_runs_once(stack: Stack) -> None:
+def test_redelivered_running_task_in_skip_mode_waits_too_and_runs_once(stack: Stack) -> None:
     counter = "vis-skip"
-    go = f"go:{counter}"  # the first body runs until the copy has been skipped
+    go = f"go:{counter}"  # the first body runs until the copy has met its lock
     result = send(
         stack, "long_acks_late_skip", tag=counter, seconds=60.0, counter=counter, until=go
     )
@@ -304,13 +310,45 @@ def test_redelivered_running_task_in_skip_mode_is_dropped_and_runs_once(stack: S
     copy_worker, line = met[0]
     owner = re.search(rf"held by {re.escape(result.id)}@(w\d)@\S+:{first_pid} ", line)
     assert owner is not None and owner.group(1) != copy_worker, line
-    assert line.rstrip().endswith("-> skipped"), line
+    assert "-> waits for it" in line, line  # not skipped: the first run may have died
     stack.observer.set(go, 1)
     outcome = result.get(timeout=20)
-    assert runs(stack, counter) == {result.id: 1}  # the copy never ran the body
+    eventually(lambda: finished_earlier(stack, result.id), 20, "the copy was dropped")
+    assert runs(stack, counter) == {result.id: 1}
     assert outcome["runs"] == 1 and outcome["held"] is True
     assert max_occupancy(stack, counter) == 1
-    assert result.state == "SUCCESS"  # the first run's (the redelivered copy stores none)
+    assert result.state == "SUCCESS"  # the first run's (the copy stores none)
+
+
+def test_a_skip_mode_task_whose_child_is_killed_mid_body_runs_again_and_succeeds(
+    stack: Stack,
+) -> None:
+    """acks_late + reject_on_worker_lost: the child running the body is SIGKILLed,
+    Celery requeues the message, and the copy meets the lock still held under its own
+    task id by the dead run. Dropping it (skip) would leave the task PENDING forever:
+    it waits until the dead run's lease has run out, finds no result stored, and
+    runs."""
+    counter = "killed-skip"
+    go = f"go:{counter}"  # holds the first body until it is killed (it never ends)
+    result = send(
+        stack, "killed_skip", tag=counter, seconds=60.0, counter=counter, until=go,
+    )  # fmt: skip
+    first_pid, _ = started(stack, counter, result.id)
+    killed_at = time.monotonic_ns()
+    os.kill(first_pid, signal.SIGKILL)
+    met = eventually(lambda: contended(stack, result.id), 15, "the requeued copy met the lock")
+    assert f":{first_pid} " in met[0][1] and "-> waits for it" in met[0][1], met[0][1]
+    stack.observer.set(go, 1)  # the copy's body ends at once
+    outcome = result.get(timeout=30)
+    assert result.state == "SUCCESS" and outcome["runs"] == 2
+    assert outcome["pid"] != first_pid
+    bodies = starts(stack, counter)
+    assert [tid for tid, _, _ in bodies] == [result.id, result.id]
+    assert bodies[1][2] > killed_at  # the copy's body began after the first one died
+    print(
+        f"child {first_pid} killed mid-body; the copy waited {len(contended(stack, result.id))}x "
+        f"for the dead run's lease, then ran: SUCCESS"
+    )
 
 
 # -- 11: time limits and revokes -------------------------------------------------------------
