@@ -114,7 +114,7 @@ def _hot_key(rows: list[dict[str, Any]], plan: dict[str, Any]) -> list[str]:
     for row in rows:
         timed_out = " (timed out)" if row["timed_out"] else ""
         lines.append(
-            f"| {row['duplicates']} | {'on' if row['handoff'] else 'off'} "
+            f"| {row['duplicates']} | {'on (default)' if row['handoff'] else 'off'} "
             f"| {row['busy_share'] * 100:.0f}%{timed_out} | {row['span_s']} "
             f"| {row['broker_messages']} | {row['messages_per_task']:.2f} "
             f"| {row['ran_once']} of {row['duplicates']} | {row['ran_twice_or_more']} "

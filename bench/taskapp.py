@@ -327,23 +327,23 @@ def hot_body(task: Task, tag: str, seconds: float) -> None:
     )
 
 
-def _hot_task(name: str, handoff: bool) -> Any:
+def _hot_task(name: str, **options: Any) -> Any:
     return app.task(
         name=name,
         shared=False,
         bind=True,
         base=RedlockTask,
         redlock_key="hot:{tag}",
-        redlock_handoff=handoff,
         redlock_retry_backoff_max=HOT_BACKOFF_MAX,
         redlock_max_retries=HOT_MAX_RETRIES,
+        **options,
     )(hot_body)
 
 
-#: redlock_handoff on / off -> task name.
+#: redlock_handoff on (the default: not set) / off -> task name.
 HOT_TASKS = {True: "bench.hot.handoff", False: "bench.hot.retry"}
-hot_handoff = _hot_task(HOT_TASKS[True], handoff=True)
-hot_retry = _hot_task(HOT_TASKS[False], handoff=False)
+hot_handoff = _hot_task(HOT_TASKS[True])
+hot_retry = _hot_task(HOT_TASKS[False], redlock_handoff=False)
 
 
 def _count_hot_published(sender: Any = None, body: Any = None, **_: Any) -> None:

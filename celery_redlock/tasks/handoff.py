@@ -1,17 +1,23 @@
-"""Hand-off to waiting duplicates, the Celery side (``redlock_handoff``).
+"""Hand-off to waiting duplicates, the Celery side (``redlock_handoff``, on by default).
 
-task.py calls three things here:
+task.py calls these:
 
 - :func:`publish_retry` -- a contended copy's lock retry. With hand-off on it also
-  registers the copy as a waiter on the lock nodes (lock/waiters.py) with the message to
-  run when woken, publishes its fallback retry as before, and looks at the lock once
-  more: a release that came before the registration woke nobody, so it wakes the
-  queue itself.
-- :func:`claim_copy` -- a copy carrying a waiter id (a wake or a fallback) claims it
-  before anything else: the loser stops storing nothing (``Ignore``: the task id's
-  result is the winner's), an undecided claim is retried with the same ids (as
-  contention when the copies split a quorum of nodes, as an outage when too few
-  nodes answered).
+  registers the copy's waiter id on the lock nodes (lock/waiters.py) with the message
+  to run when woken -- a copy that already carries a waiter id registers that same
+  id again, at its first place -- publishes its fallback retry as before, and looks
+  at the lock once more: a release that came before the registration woke nobody, so
+  it wakes the queue itself.
+- :func:`back_in_queue` -- a *woken* copy that did not win the lock (a newcomer took
+  it first) registers its waiter id again and ends, storing nothing: its fallback is
+  still due and is the one that counts lock retries.
+- :func:`claim_copy` -- a copy carrying a waiter id that has *won the lock* claims
+  the id: of a waiter's copies (the fallback, each wake) only the first to hold the
+  lock and claim runs; a later one gives the lock back and ends storing nothing
+  (``Ignore``: the task id's result is the winner's). Claims are made under the lock,
+  so they never race: with a minority of nodes down the claim is still decided.
+- :func:`claim_to_give_up` -- a copy carrying a waiter id whose lock retries ran out
+  claims the id before it skips or fails (a woken copy may still run the body).
 - :func:`wake_next` -- after a release, pop the earliest waiter and publish its
   message at once, with a fresh copy id.
 
@@ -19,8 +25,8 @@ The protocol and why it is safe: SAFETY.md, "Hand-off to waiting duplicates". Th
 queue is a hint: nothing here bears on mutual exclusion (the lock does that) and a
 lost wake costs only time (the fallback runs).
 
-Imports lock/waiters.py, headers.py, config.py, errors.py, options.py, redlock.py and Celery;
-never task.py.
+Imports lock/waiters.py, headers.py, config.py, contention.py, errors.py, limits.py,
+options.py, republish.py, redlock.py and Celery; never task.py.
 """
 
 from __future__ import annotations
@@ -35,20 +41,30 @@ from kombu.utils.json import dumps, loads
 
 from ..errors import LockContended, QuorumUnavailable
 from ..lock import waiters as handoff
-from ..lock.redlock import Redlock
+from ..lock.redlock import Lease, Redlock
 from .config import app_config
+from .contention import retry_countdown
 from .headers import (
     ARRIVAL_HEADER,
     COPY_HEADER,
     RETRIES_HEADER,
     WAITER_HEADER,
+    WOKEN_HEADER,
     header,
     kept_headers,
 )
+from .limits import give_back
 from .options import TaskOptions
 from .republish import copy_signature, publish_again
 
-__all__ = ["claim_copy", "publish_retry", "wake_next"]
+__all__ = [
+    "back_in_queue",
+    "claim_copy",
+    "claim_to_give_up",
+    "is_woken",
+    "publish_retry",
+    "wake_next",
+]
 
 # The name the logger had before the package was split into folders: users filter on it.
 logger = logging.getLogger("celery_redlock.waiting")
@@ -58,41 +74,78 @@ def _redlock(task: Any, options: TaskOptions) -> Redlock:
     return app_config(task.app).redlock(options.node_timeout, options.fencing)
 
 
-def claim_copy(
-    task: Any, key: str, options: TaskOptions
-) -> Optional[Union[QuorumUnavailable, LockContended]]:
-    """Claim the waiter id this copy carries, if any: None to go on (no waiter id, or
-    won); when the claim is undecided, ``LockContended(split=True)`` if a quorum
-    answered (the copies split the nodes: contention, retried), else the
-    ``QuorumUnavailable`` naming the silent nodes. Raises ``Ignore`` when the
-    waiter's other copy won: this one stores nothing."""
+def claim_copy(task: Any, key: str, options: TaskOptions, lease: Optional[Lease]) -> None:
+    """Having won the run-time ``lease``, claim the waiter id this copy carries, if
+    any. Returns to go on (no waiter id, or won). Otherwise the lease is given back
+    first, and then: another copy has the id -> the next waiter is woken and
+    ``Ignore`` raised (this copy stores nothing); the claim is undecided ->
+    ``LockContended(split=True)`` when a quorum answered, else the
+    ``QuorumUnavailable`` naming the silent nodes: retried with the same ids."""
     request = task.request
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
-    request.redlock_claim_undecided = False
     if not waiter or not copy or request.is_eager:
-        return None
-    redlock = _redlock(task, options)
-    verdict, errors = handoff.claim(
-        redlock.node_set,
-        redlock.quorum,
-        key,
-        str(waiter),
-        str(copy),
-        options.handoff_claim_ttl,
-        redlock.node_timeout,
-    )
+        return
+    verdict, errors = _claim(task, key, options, str(waiter), str(copy))
+    if verdict == handoff.CLAIM_WON:
+        return
+    give_back(lease, key)
     if verdict == handoff.CLAIM_LOST:
         logger.info(
             "hand-off: task %s[%s] key %s: waiter %s already ran as another copy -> dropped",
             task.name, request.id, key, waiter,
         )  # fmt: skip
+        if lease is not None:
+            wake_next(task, key, options)
         raise Ignore(f"hand-off: waiter {waiter} of lock {key} is another copy's")
+    raise _undecided(task, key, options, verdict, errors)
+
+
+def claim_to_give_up(task: Any, key: str, options: TaskOptions, attempt: int) -> None:
+    """A copy carrying a waiter id is about to skip or fail (its lock retries ran
+    out): claim the id first, without the lock (a woken copy of the same waiter may
+    be about to run the body). Returns when won: give up. Raises ``Ignore`` when
+    another copy has the id (it ran, or gave up), and, when undecided, the ``Ignore``
+    of this copy published again with the same ids, spending no lock retry."""
+    request = task.request
+    waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
+    if not waiter or not copy or request.is_eager:
+        return
+    verdict, errors = _claim(task, key, options, str(waiter), str(copy))
     if verdict == handoff.CLAIM_WON:
-        return None
-    request.redlock_claim_undecided = True
+        return
+    if verdict == handoff.CLAIM_LOST:
+        logger.info(
+            "hand-off: task %s[%s] key %s: waiter %s already ran as another copy -> "
+            "dropped instead of giving up",
+            task.name, request.id, key, waiter,
+        )  # fmt: skip
+        raise Ignore(f"hand-off: waiter {waiter} of lock {key} is another copy's")
+    exc = _undecided(task, key, options, verdict, errors)
+    countdown = retry_countdown(attempt, options.retry_backoff, options.retry_backoff_max, None)
+    logger.warning(
+        "hand-off: task %s[%s] key %s: %s -> cannot give up yet: retry in %.1fs",
+        task.name, request.id, key, exc, countdown,
+    )  # fmt: skip
+    raise publish_retry(task, key, options, countdown, attempt - 1, exc)
+
+
+def _claim(task: Any, key: str, options: TaskOptions, waiter: str, copy: str) -> handoff.Claim:
+    redlock = _redlock(task, options)
+    return handoff.claim(
+        redlock.node_set, redlock.quorum, key, waiter, copy, options.handoff_claim_ttl,
+        redlock.node_timeout,
+    )  # fmt: skip
+
+
+def _undecided(
+    task: Any, key: str, options: TaskOptions, verdict: str, errors: dict[str, object]
+) -> Union[LockContended, QuorumUnavailable]:
+    """An undecided claim as the error a contended copy handles (it keeps its ids)."""
+    task.request.redlock_claim_undecided = True
     if verdict == handoff.CLAIM_SPLIT:
         return LockContended(key, None, None, split=True)
-    return QuorumUnavailable(key, errors or {"claim": "too few nodes answered"}, redlock.quorum)
+    quorum = _redlock(task, options).quorum
+    return QuorumUnavailable(key, errors or {"claim": "too few nodes answered"}, quorum)
 
 
 def publish_retry(
@@ -103,8 +156,9 @@ def publish_retry(
 
     Not ``task.retry()``: that would spend the task's own ``max_retries`` budget and
     bump ``request.retries``, which the body may use for its own backoff. With
-    hand-off on, the copy also waits in the key's queue (see the module docstring);
-    a copy whose claim was undecided keeps its waiter and copy ids instead.
+    hand-off on, the copy also waits in the key's queue under its waiter id (see the
+    module docstring); a copy whose claim was undecided keeps its waiter and copy
+    ids instead, and registers nothing.
     """
     request = task.request
     headers = kept_headers(request)
@@ -115,7 +169,7 @@ def publish_retry(
         headers[WAITER_HEADER] = header(request, WAITER_HEADER)
         headers[COPY_HEADER] = header(request, COPY_HEADER)
     elif options.handoff:
-        waiter = headers[WAITER_HEADER] = uuid()
+        waiter = headers[WAITER_HEADER] = header(request, WAITER_HEADER) or uuid()
     if keep or waiter is not None:  # a copy that waits again keeps its place
         headers[ARRIVAL_HEADER] = header(request, ARRIVAL_HEADER) or int(time.time() * 1000)
     signature = copy_signature(task, headers)
@@ -125,12 +179,50 @@ def publish_retry(
     ended = publish_again(
         task, signature, headers, countdown, f"lock retry in {countdown:.1f}s", exc
     )
-    # The release we wait for may have come before we registered and woken nobody.
-    # Only a mutex can be read for that (a limit's permits have no one holder to
-    # read); a limited copy's fallback covers it, later.
-    if waiter is not None and options.limit == 1 and _lock_looks_free(task, key, options):
-        wake_next(task, key, options)
+    if waiter is not None:
+        _look_again(task, key, options)
     return ended
+
+
+def is_woken(task: Any) -> bool:
+    """This copy is a wake: published by a release, not a countdown."""
+    request = task.request
+    return bool(header(request, WOKEN_HEADER)) and not request.is_eager
+
+
+def back_in_queue(
+    task: Any, key: str, options: TaskOptions, holder: Optional[str], ttl: Optional[float]
+) -> Ignore:
+    """A woken copy that did not win the lock (someone took it first): its waiter id
+    goes back in the queue at its first place, and the copy ends storing nothing --
+    its fallback is still due, and it is that copy that counts lock retries and
+    gives up. The ``Ignore`` to raise."""
+    request = task.request
+    waiter = str(header(request, WAITER_HEADER))
+    left = f"{ttl:.1f}s" if ttl is not None else "unknown"
+    logger.info(
+        "hand-off: task %s[%s] key %s: woken, but held by %s (%s left) -> back in the queue "
+        "as waiter %s",
+        task.name, request.id, key, holder or "unknown", left, waiter,
+    )  # fmt: skip
+    headers = kept_headers(request)
+    headers[WAITER_HEADER] = waiter
+    headers[ARRIVAL_HEADER] = header(request, ARRIVAL_HEADER) or int(time.time() * 1000)
+    signature = copy_signature(task, headers)
+    _register(
+        task, key, options, waiter, headers[ARRIVAL_HEADER], signature,
+        options.retry_backoff_max,
+    )  # fmt: skip
+    _look_again(task, key, options)
+    return Ignore(f"hand-off: woken too early, back in the queue of {key}")
+
+
+def _look_again(task: Any, key: str, options: TaskOptions) -> None:
+    """The release we wait for may have come before we registered and woken nobody.
+    Only a mutex can be read for that (a limit's permits have no one holder to
+    read); a limited copy's fallback covers it, later."""
+    if options.limit == 1 and _lock_looks_free(task, key, options):
+        wake_next(task, key, options)
 
 
 def _register(
@@ -162,19 +254,27 @@ def _lock_looks_free(task: Any, key: str, options: TaskOptions) -> bool:
         return False
 
 
-def wake_next(task: Any, key: str, options: TaskOptions) -> bool:
+def wake_next(task: Any, key: str, options: TaskOptions, *, ran: bool = False) -> bool:
     """Pop the earliest waiter of ``key`` and publish its message now, with a fresh
-    copy id. True when one was published. Never raises: a wake is a hint."""
+    copy id. True when one was published. Never raises: a wake is a hint.
+
+    ``ran``: this copy has run under its waiter id; that id's entry, if still queued
+    (the copy ran as its fallback), is popped and dropped: a wake of it would only
+    lose its claim."""
     if task.app.conf.task_always_eager:
         return False  # no broker: a wake would run the waiter inline, here
+    own = header(task.request, WAITER_HEADER) if ran else None
     try:
         redlock = _redlock(task, options)
         popped = handoff.pop_next(redlock.node_set, key, redlock.node_timeout)
+        if popped is not None and own and popped.waiter == own:
+            popped = handoff.pop_next(redlock.node_set, key, redlock.node_timeout)
         if popped is None:
             return False
         signature = task.app.signature(loads(popped.message))  # type: ignore[no-untyped-call]
         headers = dict(signature.options.get("headers") or {})
         headers[COPY_HEADER] = uuid()
+        headers[WOKEN_HEADER] = 1
         signature.apply_async(headers=headers)
     except Exception:
         logger.warning("hand-off: waking the next waiter of %s failed", key, exc_info=True)

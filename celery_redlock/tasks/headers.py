@@ -22,6 +22,7 @@ __all__ = [
     "RETRIES_HEADER",
     "TICK_HEADER",
     "WAITER_HEADER",
+    "WOKEN_HEADER",
     "header",
     "kept_headers",
 ]
@@ -40,12 +41,15 @@ WAITER_HEADER = "redlock_waiter"
 COPY_HEADER = "redlock_copy"
 #: ...and the task's first contention time, ms since the epoch (its place in the queue).
 ARRIVAL_HEADER = "redlock_arrival"
+#: A release published this copy (a wake), not a countdown (its waiter's fallback).
+WOKEN_HEADER = "redlock_woken"
 #: This copy met its own task id's lock: an earlier run may have finished (redelivery.py).
 EARLIER_RUN_HEADER = "redlock_earlier_run"
 
 #: What a copy published again keeps of its message's headers: its lock retries, its
 #: beat tick, its place in a hand-off queue, its queue-once place, its earlier run.
-#: (A hand-off waiter's and copy's ids are the message's own: handoff.py decides.)
+#: (A hand-off waiter's and copy's ids, and whether it was woken, are the message's
+#: own: handoff.py decides.)
 KEPT_HEADERS = (
     RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER,
     EARLIER_RUN_HEADER,
@@ -64,9 +68,9 @@ def header(request: Any, name: str) -> Any:
 def kept_headers(request: Any) -> dict[str, Any]:
     """The headers to publish the running message again with: its own, those of
     :data:`KEPT_HEADERS` put back from the request (a worker's request may carry them
-    as attributes only), without the hand-off waiter's and copy's ids."""
+    as attributes only), without the hand-off waiter's and copy's ids and mark."""
     headers = dict(getattr(request, "headers", None) or {})
-    for name in (WAITER_HEADER, COPY_HEADER):
+    for name in (WAITER_HEADER, COPY_HEADER, WOKEN_HEADER):
         headers.pop(name, None)
     for name in KEPT_HEADERS:
         value = header(request, name)

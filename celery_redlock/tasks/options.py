@@ -236,12 +236,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "redlock_handoff",
-        False,
+        True,
         validate.flag,
         "task",
         'hand-off: a contended copy (`"retry"`) also waits in a queue on the lock nodes, '
-        "and a release runs the earliest waiter at once. Off by default because, when on, "
-        "a body runs once only while the waiter claims survive on the nodes (SAFETY.md)",
+        "and a release runs the earliest waiter at once (its lock-retry countdown stays as "
+        "the fallback). Off: copies wait out their countdowns, and a body's run-once no "
+        "longer rests on the waiter claims surviving on the nodes (SAFETY.md)",
     ),
     Option(
         "redlock_handoff_claim_ttl",

@@ -243,20 +243,18 @@ class RedlockTask(Task):  # type: ignore[misc]
         redlock = config.redlock(options.node_timeout, options.fencing)
         request.redlock_inline_attempts = 0
         request.redlock_wait_until = None
+        request.redlock_claim_undecided = False  # handoff.py: keep the waiter's ids
         request.redlock_skipped = self._redlock_once_per_tick(
             config.key_prefix, options, redlock, holder
         )
         if request.redlock_skipped is not None:
             return
         started = time.monotonic()
-        undecided = waiting.claim_copy(self, key, options)  # Ignore: the other copy won
-        if undecided is not None:
-            request.redlock_skipped = self._redlock_contended(key, options, undecided, None, None)
-            return
         while True:  # more than one round only in eager mode, which waits inline
             try:
                 # Skipping or failing drops this copy: take_lease makes sure first.
                 lease = limits.take_lease(redlock, key, options, holder, SPLIT_VOTE_PATIENCE)
+                waiting.claim_copy(self, key, options, lease)  # Ignore: another copy ran
                 redelivery.drop_if_finished_earlier(self, key, options, lease)
                 limits.admit_start(self, key, options, redlock, holder, lease)
                 break
@@ -346,6 +344,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         split = isinstance(exc, LockContended) and exc.split
         if holder and not (split or request.is_eager) and redelivery.is_earlier_run(self, holder):
             raise redelivery.wait_for_earlier_run(self, key, options, holder, ttl)
+        if waiting.is_woken(self) and not (outage or request.redlock_claim_undecided):
+            raise waiting.back_in_queue(self, key, options, holder, ttl)
         eager_left = None
         if request.is_eager and not self._redlock_inline_wait_over(ttl, options.ttl):
             eager_left = request.redlock_wait_until - time.monotonic()
@@ -354,6 +354,8 @@ class RedlockTask(Task):  # type: ignore[misc]
             eager_left=eager_left, split=split,
         )  # fmt: skip
         action, countdown, then = decided.action, decided.countdown, decided.then
+        if action != "retry":  # a woken copy of this waiter may run: claim it first
+            waiting.claim_to_give_up(self, key, options, attempt)
         if outage:
             logger.error(
                 "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
@@ -469,7 +471,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
         options = self.redlock_options()
         if options.handoff:
-            waiting.wake_next(self, lease.key, options)
+            waiting.wake_next(self, lease.key, options, ran=True)
 
 
 #: How long a starting task keeps trying when nobody won the vote (seconds).

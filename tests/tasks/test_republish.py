@@ -108,8 +108,10 @@ def test_a_lock_retry_stores_retry_before_it_publishes_the_copy(
         after_task_publish.disconnect(published)
     retries = len(recorder.of("lock_contended"))
     assert retries >= 1
-    # The first publish is the caller's (PENDING); each lock retry's comes after RETRY.
-    assert seen_at_publish == ["PENDING"] + ["RETRY"] * retries
+    # The first publish is the caller's (PENDING); each later one (a lock retry's
+    # fallback, a wake) comes after RETRY was stored.
+    assert seen_at_publish[0] == "PENDING" and len(seen_at_publish) >= 2
+    assert set(seen_at_publish[1:]) == {"RETRY"}, seen_at_publish
     assert result.state == "SUCCESS" and tasks["runs"] == [task_id]
 
 
