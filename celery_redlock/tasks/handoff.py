@@ -95,7 +95,7 @@ def claim_copy(task: Any, key: str, options: TaskOptions, lease: Optional[Lease]
             task.name, request.id, key, waiter,
         )  # fmt: skip
         if lease is not None:
-            wake_next(task, key, options)
+            wake_next(task, key, options, settled=True)
         raise Ignore(f"hand-off: waiter {waiter} of lock {key} is another copy's")
     raise _undecided(task, key, options, verdict, errors)
 
@@ -254,16 +254,16 @@ def _lock_looks_free(task: Any, key: str, options: TaskOptions) -> bool:
         return False
 
 
-def wake_next(task: Any, key: str, options: TaskOptions, *, ran: bool = False) -> bool:
+def wake_next(task: Any, key: str, options: TaskOptions, *, settled: bool = False) -> bool:
     """Pop the earliest waiter of ``key`` and publish its message now, with a fresh
     copy id. True when one was published. Never raises: a wake is a hint.
 
-    ``ran``: this copy has run under its waiter id; that id's entry, if still queued
-    (the copy ran as its fallback), is popped and dropped: a wake of it would only
-    lose its claim."""
+    ``settled``: this copy's waiter id is settled (the copy ran under it, or lost its
+    claim); that id's entry, if still queued, is popped and dropped: a wake of it
+    would only lose its claim."""
     if task.app.conf.task_always_eager:
         return False  # no broker: a wake would run the waiter inline, here
-    own = header(task.request, WAITER_HEADER) if ran else None
+    own = header(task.request, WAITER_HEADER) if settled else None
     try:
         redlock = _redlock(task, options)
         popped = handoff.pop_next(redlock.node_set, key, redlock.node_timeout)

@@ -471,7 +471,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         )
         options = self.redlock_options()
         if options.handoff:
-            waiting.wake_next(self, lease.key, options, ran=True)
+            waiting.wake_next(self, lease.key, options, settled=True)
 
 
 #: How long a starting task keeps trying when nobody won the vote (seconds).
