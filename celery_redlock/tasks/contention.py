@@ -180,19 +180,21 @@ def verdict(
     """Lock retry ``attempt`` (1-based) of a copy that met a held lock (``outage``: no
     quorum answered; ``split``: a quorum answered but nobody holds the lock): the
     task's ``on_contended`` while retries last, then its ``on_retries_exhausted``. A
-    split is always retried -- skipping or failing would drop a copy that nobody
-    runs. ``eager``: the caller waits inline -- an outage fails at once, and the
-    wait ends when ``eager_left`` (seconds, None: its bound has passed) runs out."""
+    split and an outage are always retried -- skipping would drop a copy that nobody
+    runs, as if someone held the lock -- and an outage that outlasts the retries
+    fails (``QuorumUnavailable``), never skips. ``eager``: the caller waits inline --
+    an outage fails at once, and the wait ends when ``eager_left`` (seconds, None:
+    its bound has passed) runs out."""
     if outage and split:
         raise ValueError("a copy's lock round is an outage or a split vote, not both")
-    action = "retry" if split else options.on_contended
+    action = "retry" if split or outage else options.on_contended
     if action == "retry" and eager and outage:
         action = "fail"  # an outage surfaces at once: the caller is waiting inline
     exhausted = action == "retry" and (
         attempt > options.max_retries or (eager and eager_left is None)
     )
     if exhausted:
-        action = options.on_retries_exhausted
+        action = "fail" if outage else options.on_retries_exhausted
     countdown = None
     if action == "retry":
         countdown = retry_countdown(

@@ -70,7 +70,11 @@ def take_lease(
     limit = int(options.limit)
     if options.on_contended == "retry":
         return redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder, limit=limit)
-    return acquire_or_contended(redlock, key, options.ttl, holder, patience, limit=limit)
+    # A loaded worker can stretch a round past node_timeout: an "outage" seen then is
+    # tried again for the same patience as a split, before it is retried later.
+    return acquire_or_contended(
+        redlock, key, options.ttl, holder, patience, retry_unavailable=True, limit=limit
+    )
 
 
 def admit_start(

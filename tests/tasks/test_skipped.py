@@ -19,7 +19,7 @@ from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
-from celery_redlock import LockContended, Redlock, RedlockTask
+from celery_redlock import LockContended, QuorumUnavailable, Redlock, RedlockTask
 from celery_redlock.skipped import SKIPPED, is_skipped
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.appfixture import Recorder, gate_wait, worker_test_app
@@ -221,3 +221,43 @@ def test_an_eager_skipped_copy_returns_the_marker(
     assert result.successful() and is_skipped(result.get())
     assert result.get()["holder"] == "elsewhere"
     assert tasks["skip"].apply((0.01,), {"tag": "eager"}).get() == "ran"
+
+
+def test_a_skipping_copy_retries_an_outage_and_runs_once_the_nodes_answer(
+    worker: Any, tasks: dict[str, Any], redis_nodes: RedisNodes, recorder: Recorder
+) -> None:
+    # Nobody is known to hold the lock during an outage: skipping would drop work
+    # nobody does (the copy used to end skipped, naming no holder).
+    paused = list(redis_nodes)[:3]
+    for node in paused:
+        node.pause()
+    try:
+        copy = tasks["skip"].delay(0.01, tag="outage")
+        met = recorder.wait_for("lock_contended", copy.id, HANG_GUARD)
+    finally:
+        for node in paused:
+            node.resume()
+    assert met["action"] == "retry" and met["holder"] is None
+    assert copy.get(timeout=HANG_GUARD) == "ran"
+
+
+def test_an_outage_past_the_lock_retries_fails_and_never_skips(
+    app: Celery, redis_nodes: RedisNodes
+) -> None:
+    @app.task(
+        shared=False, base=RedlockTask, redlock_on_contended="skip", redlock_max_retries=0,
+        redlock_on_retries_exhausted="skip", name="s.no_budget",
+    )  # fmt: skip
+    def no_budget() -> str:
+        return "ran"
+
+    paused = list(redis_nodes)[:3]
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        for node in paused:
+            node.pause()
+        try:
+            with pytest.raises(QuorumUnavailable):
+                no_budget.delay().get(timeout=HANG_GUARD)
+        finally:
+            for node in paused:
+                node.resume()

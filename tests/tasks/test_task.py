@@ -598,7 +598,7 @@ def test_the_verdict_of_a_contended_copy_follows_its_options(
     options = task_options(values)
     left = eager_left if eager else None
     decided = verdict(options, attempt, holder_ttl, outage=outage, eager=eager, eager_left=left)
-    retrying = on_contended == "retry" and not (eager and outage)
+    retrying = (on_contended == "retry" or outage) and not (eager and outage)
     over = attempt > max_retries or (eager and left is None)
     assert decided.exhausted == (retrying and over)
     if retrying and not over:
@@ -610,7 +610,9 @@ def test_the_verdict_of_a_contended_copy_follows_its_options(
         assert decided.then.startswith("retry in ")
     else:
         chosen = on_contended
-        if on_contended == "retry":  # an eager outage fails at once, else retries ran out
-            chosen = exhausted_to if decided.exhausted else "fail"
+        if outage:  # an eager outage fails at once, an outage past the retries fails
+            chosen = "fail"
+        elif on_contended == "retry":  # the retries ran out
+            chosen = exhausted_to
         assert decided.action == chosen
         assert decided.countdown is None
