@@ -31,6 +31,7 @@ from .stored import (
     FENCE_COUNTER_TTL,
     INTERNAL,
     fence_counter,
+    hold_tombstone,
     permit_of,
     permit_slot_prefix,
     permit_terms_record,
@@ -125,7 +126,11 @@ def fence_command(keys: Union[str, Sequence[str]], value: str, fence: int) -> Co
 
 def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:
     """One more hold of ``value`` on ``key`` for ``ttl`` seconds (scripts.REENTER)."""
-    return Command(scripts.REENTER, [key, reentry_holds(key, value)], [value, ms(ttl), hold])
+    return Command(
+        scripts.REENTER,
+        [key, reentry_holds(key, value), hold_tombstone(key, value, hold)],
+        [value, ms(ttl), hold],
+    )
 
 
 def _no_holds(keys: Keys, hold: Optional[str]) -> None:
@@ -162,7 +167,7 @@ def release_command(
         return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
     return Command(
         scripts.RELEASE_HOLD,
-        [key, reentry_holds(key, value), tombstone(key, value)],
+        [key, reentry_holds(key, value), tombstone(key, value), hold_tombstone(key, value, hold)],
         [value, hold, ms(ttl)],
     )
 

@@ -204,12 +204,17 @@ return 1
 
 REENTER: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] its holds set for our value
+-- KEYS[1] lock key; KEYS[2] its holds set for our value; KEYS[3] this hold's
+-- tombstone (see RELEASE_HOLD)
 -- ARGV[1] our value; ARGV[2] ttl in milliseconds; ARGV[3] this hold's nonce
 -- returns {1, holds} when the key holds our value (holds: how many now, this one
 --         included); expiry becomes the later of the current one and ttl from now,
 --         so a hold never shortens another's;
---         {holder value, its pttl in ms} when someone else holds it; {false, -2} absent
+--         {holder value, its pttl in ms} when someone else holds it; {false, -2} absent,
+--         or when this hold's release already passed by (a late REENTER: no hold added)
+if redis.call('exists', KEYS[3]) == 1 then
+  return {false, -2}
+end
 local held = redis.call('get', KEYS[1])
 if held ~= ARGV[1] then
   return {held, redis.call('pttl', KEYS[1])}
@@ -244,7 +249,8 @@ return 1
 
 RELEASE_HOLD: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token
+-- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token;
+-- KEYS[4] this hold's tombstone
 -- ARGV[1] our value; ARGV[2] this hold's nonce; ARGV[3] tombstone ttl in ms
 -- returns 1 when the key held our value: this hold is gone, and the key too when it
 --         was the last: this hold was in the set and none is left, or there is no set
@@ -252,6 +258,12 @@ RELEASE_HOLD: Final = Script(
 --         re-acquired on this node). A hold this node never counted (its REENTER did
 --         not land here: the undo of a failed re-acquire) leaves the key alone.
 --         0 when it was not ours (left untouched; a tombstone when absent, as RELEASE)
+-- A re-acquired hold leaves its own tombstone: its REENTER may still be on its way
+-- (the round stopped at a quorum; this release may overtake it on another
+-- connection), and must not add, after its release, a hold nobody would release.
+if ARGV[2] ~= '0' then
+  redis.call('set', KEYS[4], '1', 'PX', ARGV[3])
+end
 if redis.call('get', KEYS[1]) == ARGV[1] then
   local removed = redis.call('srem', KEYS[2], ARGV[2])
   if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == '0') then

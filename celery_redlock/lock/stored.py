@@ -33,6 +33,7 @@ __all__ = [
     "NodeHolding",
     "default_holder",
     "fence_counter",
+    "hold_tombstone",
     "is_lock_key",
     "lua_text",
     "permit_of",
@@ -91,6 +92,12 @@ def tombstone(key: str, value: str) -> str:
 FIRST_HOLD = "0"
 #: Marks the set of a reentrant lease's holds: ``<key>\0holds\0<token>``.
 HOLDS = INTERNAL + "holds" + INTERNAL
+
+
+def hold_tombstone(key: str, value: str, hold: str) -> str:
+    """The tombstone a release of one ``hold`` of ``value`` leaves: that hold's
+    REENTER, should it land later, adds nothing (see scripts.RELEASE_HOLD)."""
+    return f"{tombstone(key, value)}{INTERNAL}{hold}"
 
 
 def reentry_holds(key: str, value: str) -> str:

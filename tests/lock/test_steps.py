@@ -38,6 +38,7 @@ from celery_redlock.lock.stored import (
     FENCE_COUNTER_TTL,
     FIRST_HOLD,
     fence_counter,
+    hold_tombstone,
     reentry_holds,
     tombstone,
 )
@@ -475,7 +476,7 @@ def test_re_entering_a_held_key_settles_then_counts_one_more_hold_on_the_nodes()
     assert held.hold == FIRST_HOLD  # the first lease now counts as a hold too
     script, keys, args = sent(ask)
     assert script is scripts.REENTER
-    assert keys == ["job", reentry_holds("job", VALUE)]
+    assert keys == ["job", reentry_holds("job", VALUE), hold_tombstone("job", VALUE, args[2])]
     assert args[:2] == [VALUE, "5000"]
     assert (ask.enough_yes, ask.enough_no) == (2, 2)
     again = finish(steps, [[1, 2], [1, 2], timed_out(2)]).lease
@@ -502,7 +503,8 @@ def test_a_re_entry_a_quorum_refused_is_undone_for_its_hold_only() -> None:
     undo, attempt = expect_undo(steps, [[None, -2], [OTHER, 400], [1, 2]])
     script, keys, args = sent(undo)
     assert script is scripts.RELEASE_HOLD
-    assert keys == ["job", reentry_holds("job", VALUE), tombstone("job", VALUE)]
+    tombstones = [tombstone("job", VALUE), hold_tombstone("job", VALUE, hold)]
+    assert keys == ["job", reentry_holds("job", VALUE), *tombstones]
     assert args[:2] == [VALUE, hold]
     assert attempt.lease is None
     assert rules.held.live(("job",)) is held  # the first lease is still this one's
