@@ -45,6 +45,7 @@ __all__ = [
     "Keys",
     "acquire_command",
     "extend_command",
+    "extend_value_command",
     "fence_command",
     "lease_name",
     "lock_keys",
@@ -185,6 +186,17 @@ def extend_command(
     if hold is None:
         return Command(scripts.EXTEND, [key], [value, ms(ttl)])
     return Command(scripts.EXTEND_HOLD, [key, reentry_holds(key, value)], [value, ms(ttl)])
+
+
+def extend_value_command(keys: Union[str, Sequence[str]], value: str, ttl: float) -> Command:
+    """Extend ``value`` on every key to ``ttl`` s from now, for a caller that holds no
+    lease, so knows no hold: once re-entered, as a hold's extension (never shorter,
+    the holds with the key), else as a plain one."""
+    keys = _as_keys(keys)
+    if len(keys) > 1:
+        return extend_command(keys, value, ttl)
+    key = keys[0]
+    return Command(scripts.EXTEND_VALUE, [key, reentry_holds(key, value)], [value, ms(ttl)])
 
 
 def owned_command(keys: Union[str, Sequence[str]], value: str) -> Command:

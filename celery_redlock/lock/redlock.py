@@ -386,7 +386,9 @@ class Redlock(ShowsSettings):
         """Push ``key``'s expiry to ``ttl`` seconds from now (default: this lock's
         ttl) on all nodes where it still holds ``value`` (a lease's ``token|holder``),
         for a process that holds no ``Lease`` but was handed the value. ``key`` may be
-        the list of keys a lease took together (each node extends all or none).
+        the list of keys a lease took together (each node extends all or none). A
+        re-entered key (``reentrant=True``) is extended as its holds are: never
+        sooner than it expired, its holds renewed with it.
 
         True when a quorum extended it; False when it is no longer that holder's
         (too many nodes answered that it is not); ``QuorumUnavailable`` when too few

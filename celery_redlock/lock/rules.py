@@ -64,6 +64,7 @@ from .commands import (
     Keys,
     acquire_command,
     extend_command,
+    extend_value_command,
     fence_command,
     lease_name,
     lock_keys,
@@ -398,7 +399,7 @@ class LockRules:
         keys = lock_keys(key)
         value = lease_value(value)
         new_ttl = self.settings.ttl if ttl is None else validate.seconds("ttl", ttl)
-        command = extend_command(keys, value, new_ttl)
+        command = extend_value_command(keys, value, new_ttl)
         results = yield Ask(command, self.settings.node_timeout, is_one, self.quorum)
         return self.agreed(lease_name(keys), results, is_one)
 

@@ -36,6 +36,7 @@ __all__ = [
     "EXTEND_HOLD",
     "EXTEND_MANY",
     "EXTEND_MULTI",
+    "EXTEND_VALUE",
     "FENCE",
     "FENCED_SET",
     "FENCE_MULTI",
@@ -247,6 +248,26 @@ return 1
 """
 )
 
+EXTEND_VALUE: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its holds set; ARGV[1] our value; ARGV[2] ttl in ms
+-- An extension by whoever was handed the value (Redlock.extend_value), which cannot
+-- know whether it was re-acquired: where this node counts holds of it, as
+-- EXTEND_HOLD (never sooner than before, the holds set with the key); else as EXTEND.
+-- returns 1 when the key held our value and was extended; 0 otherwise
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if redis.call('exists', KEYS[2]) == 0 then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+local ttl = math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[2]))
+redis.call('pexpire', KEYS[1], ttl)
+redis.call('pexpire', KEYS[2], ttl)
+return 1
+"""
+)
+
 RELEASE_HOLD: Final = Script(
     """
 -- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token;
@@ -364,6 +385,7 @@ ALL_SCRIPTS: Final = (
     FORCE_RELEASE,
     REENTER,
     EXTEND_HOLD,
+    EXTEND_VALUE,
     RELEASE_HOLD,
     *MULTI_SCRIPTS,
     *PERMIT_SCRIPTS,

@@ -168,6 +168,35 @@ def test_a_hold_never_shortens_the_key_and_extend_keeps_the_count(
     assert inner.release() and outer.release()
 
 
+def test_extend_value_of_a_re_entered_key_never_shortens_it_and_renews_its_holds(
+    redis_nodes: RedisNodes,
+) -> None:
+    # A process handed the value knows nothing of its holds: its extension must still
+    # keep the holds set with the key (or the count expires first) and never cut the
+    # expiry another hold counts on.
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("handed", ttl=KEY_TTL)
+    assert outer is not None
+    inner = redlock.acquire("handed", ttl=KEY_TTL, reentrant=True)
+    assert inner is not None
+    _settled_holds(redis_nodes, "handed", outer.value, [2] * 5)
+    elsewhere = _lock(redis_nodes)
+    assert elsewhere.extend_value("handed", outer.value, ttl=2) is True
+    assert all(c.pttl("handed") > 2000 for c in _clients(redis_nodes))  # not shortened
+    assert elsewhere.extend_value("handed", outer.value, ttl=3 * KEY_TTL) is True
+    holds = reentry_holds("handed", outer.value)
+    longer = int(2 * KEY_TTL * 1000)
+    settles(
+        lambda: [
+            c.pttl("handed") > longer and c.pttl(holds) > longer for c in _clients(redis_nodes)
+        ],
+        [True] * 5,
+        "the key and its holds renewed together on every node",
+    )
+    assert inner.release() is True and outer.release() is True
+    _settled_values(redis_nodes, "handed", [None] * 5)
+
+
 def test_another_process_is_excluded_until_the_count_reaches_zero(
     redis_nodes: RedisNodes,
 ) -> None:

@@ -590,7 +590,8 @@ def test_drive_passes_each_rounds_results_to_the_step_that_asked() -> None:
     rounds = ScriptedRounds([0, 0, 1])
     assert drive(rules.extend_value_steps("job", VALUE, None), rounds, never_sleep) is False
     script, keys, args = sent(rounds.asked[0])
-    assert (script, keys, args) == (scripts.EXTEND, ["job"], [VALUE, "10000"])
+    holds = reentry_holds("job", VALUE)
+    assert (script, keys, args) == (scripts.EXTEND_VALUE, ["job", holds], [VALUE, "10000"])
 
 
 # -- one node down: a split vote is contention, not an outage -----------------------------
