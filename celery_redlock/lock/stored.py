@@ -19,7 +19,7 @@ import re
 import socket
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 __all__ = [
     "FENCE",
@@ -47,6 +47,7 @@ __all__ = [
     "reentry_holds",
     "split_value",
     "tombstone",
+    "wake_channel",
 ]
 
 #: Separates a lock key from the lock's own keys kept beside it. Lock keys may not
@@ -81,6 +82,11 @@ def publish_wake(key: str) -> str:
     channel (Redis 7's default ``acl-pubsub-default resetchannels``) still releases;
     its waiters fall back to polling. No subscriber: a hash lookup on the node."""
     return f"redis.pcall('publish', {key} .. '{lua_text(WAKE_SUFFIX)}', '')"
+
+
+def wake_channel(key: Union[str, bytes]) -> bytes:
+    """The channel a deletion of ``key`` is published on (``publish_wake`` in Lua)."""
+    return (key.encode() if isinstance(key, str) else key) + WAKE_SUFFIX.encode()
 
 
 def tombstone(key: str, value: str) -> str:
