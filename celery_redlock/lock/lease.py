@@ -274,12 +274,16 @@ class Lease(LeaseState):
         """Take the lease's lock for an extension round (``extend``'s, or a batch the
         watchdog runs for many leases), so that no other extension or release of it
         interleaves. False, and the lock not kept, when released or lost already;
-        otherwise ``_finish_extension`` must follow."""
+        otherwise ``_finish_extension`` (or ``_let_go``) must follow."""
         self._lock.acquire()
         if self._released or self._lost_reason is not None:
             self._lock.release()
             return False
         return True
+
+    def _let_go(self) -> None:
+        """Let go of the lock ``_hold_for_extension`` took, no round having run."""
+        self._lock.release()
 
     def _finish_extension(self, outcome: Extension) -> bool:
         """Record the round's ``outcome``, let go of the lock ``_hold_for_extension``

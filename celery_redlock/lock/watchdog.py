@@ -22,8 +22,9 @@ do not survive ``fork``) and never renews its parent's leases.
 
 Under gevent or eventlet the thread is still a real OS thread (background.py), and
 its rounds use unpatched sockets: a greenlet computing without yielding does not
-starve it. While a batch's round runs (at most ``node_timeout``), the leases in it
-are held by this thread: a greenlet releasing one of them waits for the round. A
+starve it. While a round runs (at most ``node_timeout``), the leases in it are held
+by this thread: a greenlet releasing one of them waits for that round, never for
+the batch's other rounds (renewals.py). A
 lease it finds lost is marked so at once (``held`` turns False in the task), but
 its ``on_lost`` and ``on_extended`` callbacks, and its log lines, are handed to the
 hub, so they run when the computing greenlet next yields.
