@@ -117,9 +117,6 @@ class NodeConnection(asyncio.Protocol):
         greeting, tags = node.handshake
         self.outbuf.append(greeting)
         self.owed.extend(_HandshakeReply(tag, now) for tag in tags)
-        #: While connecting: what each queued command's entry is, so that a round
-        #: abandoned before its command left can take it back (``take_back``).
-        self.unsent: Optional[list[tuple[Waiter, bytes]]] = []
         self._connecting: Optional[asyncio.Task[None]] = self.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
@@ -183,7 +180,7 @@ class NodeConnection(asyncio.Protocol):
         ``entry`` is told its reply."""
         self.owed.append(entry)
         if self.transport is None:
-            self._hold(payload, entry)
+            self.outbuf.append(payload)  # written once connected
         elif self.outbuf:
             self.outbuf.append(payload)
             self.flush()
@@ -194,15 +191,7 @@ class NodeConnection(asyncio.Protocol):
         """As ``send``, but written by the next ``flush``: the rounds of every task
         that sends in one turn of the event loop go out in one write per node."""
         self.owed.append(entry)
-        if self.transport is None:
-            self._hold(payload, entry)
-        else:
-            self.outbuf.append(payload)
-
-    def _hold(self, payload: bytes, entry: Waiter) -> None:
         self.outbuf.append(payload)
-        if self.unsent is not None:
-            self.unsent.append((entry, payload))
 
     def flush(self) -> None:
         """Write what ``queue`` left, in one write."""
@@ -210,20 +199,6 @@ class NodeConnection(asyncio.Protocol):
         if out and self.transport is not None:
             self.outbuf = []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-
-    def take_back(self, entry: Waiter) -> None:
-        """``entry``'s round stopped waiting and wants its unwritten commands (still
-        connecting) never sent: an acquire's SET must not land later."""
-        unsent = self.unsent
-        if self.transport is not None or not unsent:
-            return
-        for held, payload in list(unsent):
-            if held is entry:
-                unsent.remove((held, payload))
-                with contextlib.suppress(ValueError):
-                    self.outbuf.remove(payload)
-                with contextlib.suppress(ValueError):
-                    self.owed.remove(entry)
 
     def close(self) -> None:
         self.fail(rexc.ConnectionError(f"{self.node.address}: connection closed"))
@@ -236,7 +211,6 @@ class NodeConnection(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
-        self.unsent = None
         self.flush()  # the handshake, then what was sent while connecting
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
@@ -279,7 +253,6 @@ class NodeConnection(asyncio.Protocol):
             return
         self.closed = True
         self.outbuf = []
-        self.unsent = None
         owed, self.owed = self.owed, deque()
         for entry in owed:
             entry.failed(self.index, error)
