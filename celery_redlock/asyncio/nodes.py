@@ -137,7 +137,7 @@ class AsyncNodeSet:
         if conn is None or not conn.usable(now, self._owed_age, loop):
             if conn is not None:
                 conn.close()
-            conn = self._conns[i] = NodeConnection(self.nodes[i], i, now)
+            conn = self._conns[i] = NodeConnection(self.nodes[i], i, now, self._clock)
         return conn
 
     def _write_all(
