@@ -41,13 +41,16 @@ def extension_ttl(
     lease: Extended, ttl: float, started: float, margin: Callable[[float], float]
 ) -> Union[float, Extension]:
     """The ttl a round starting at ``started`` asks for, or the lease's ``Extension``
-    with no round: validity already ran out (lost), or ``max_hold`` is reached
-    (all None: let it run out). ``margin(ttl)``: the drift allowance for ``ttl``."""
+    with no round: validity already ran out (lost; "max_hold reached" when it ran out
+    at the bound), or ``max_hold`` is reached (all None: let it run out).
+    ``margin(ttl)``: the drift allowance for ``ttl``."""
+    left = None if lease.max_hold is None else lease.acquired_at + lease.max_hold - started
+    at_bound = left is not None and left <= margin(ttl)
     if lease.deadline - started <= 0:
-        return Extension(reason="validity ran out before it was extended")
-    if lease.max_hold is not None:
-        left = lease.acquired_at + lease.max_hold - started
-        if left <= margin(ttl):
+        reason = "max_hold reached" if at_bound else "validity ran out before it was extended"
+        return Extension(reason=reason)
+    if left is not None:
+        if at_bound:
             return Extension()  # at the bound: let it run out
         ttl = min(ttl, left)
     return ttl

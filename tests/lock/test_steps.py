@@ -28,7 +28,7 @@ from celery_redlock.lock.acquire_replies import (
     refused_for,
     verdict,
 )
-from celery_redlock.lock.lease import Extension, Lease
+from celery_redlock.lock.lease import Extension, Lease, next_renewal, renewal_interval
 from celery_redlock.lock.quorum import is_one
 from celery_redlock.lock.reentry import HeldLeases
 from celery_redlock.lock.rules import LockRules
@@ -688,3 +688,30 @@ def test_outages_still_end_a_wait_without_timeout_with_one_node_down_besides() -
     assert attempt.verdict == UNAVAILABLE and attempt.unavailable is not None
     with pytest.raises(QuorumUnavailable):
         attempt.outcome("job", True)
+
+
+def test_the_renewal_schedule_both_drivers_keep() -> None:
+    clock = FakeClock()
+    rules = make_rules(clock)
+    lease = won(rules, clock)
+    every = renewal_interval(lease.ttl)
+    assert every == TTL / 3
+    now = clock()
+    assert next_renewal(lease, every, True, now) == now + every
+    lease.retry_by = now + 1.0  # only slow nodes met: soon again, by retry_by at the latest
+    assert next_renewal(lease, every, False, now) == now + 1.0
+    lease.retry_by = now + 60.0
+    assert next_renewal(lease, every, False, now) == now + every / 3
+    lease.retry_by = None  # at max_hold: nothing until validity runs out
+    assert next_renewal(lease, every, False, now) == lease.deadline
+    lease.mark_lost("refused")
+    assert next_renewal(lease, every, False, now) is None
+
+
+def test_a_lease_that_ran_out_at_max_hold_is_lost_saying_so() -> None:
+    clock = FakeClock()
+    rules = make_rules(clock, max_hold=TTL)
+    lease = won(rules, clock)
+    clock.advance(TTL)
+    outcome = drive(rules.extend_steps(lease, TTL), no_round, never_sleep)
+    assert outcome == Extension(reason="max_hold reached")
