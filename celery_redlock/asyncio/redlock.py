@@ -184,7 +184,7 @@ class AsyncRedlock(ShowsSettings):
         # A blocked acquire hears releases (wake.py here), unless waits were injected.
         self._wakeups: Optional[AsyncWakeups] = None
         if sleep is asyncio.sleep:
-            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            heard_enough = self._rules.enough_no
             self._wakeups = AsyncWakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:

@@ -14,7 +14,8 @@ Both ask the same two questions, answered here once:
 Every time is on the lock's monotonic clock; ``started`` is taken before the round's
 first byte goes out, so the new validity never counts time the round took.
 
-No I/O, no clock: imports lease.py's ``Extension`` only.
+No I/O, no clock: imports lease.py's ``Extension`` and quorum.py's ``enough_no``
+only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from .lease import Extension
+from .quorum import enough_no
 
 __all__ = ["Extended", "extension_outcome", "extension_ttl"]
 
@@ -85,6 +87,6 @@ def extension_outcome(
     # A retry round must end a node_timeout before the deadline, so that its
     # failure, too, is known while the lease is still valid.
     retry_by = deadline - margin - 2 * node_timeout
-    if refused > len(results) - quorum or finished >= retry_by:
+    if refused >= enough_no(len(results), quorum) or finished >= retry_by:
         return Extension(reason=reason)
     return Extension(reason=reason, retry_by=retry_by)

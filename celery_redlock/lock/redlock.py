@@ -143,7 +143,7 @@ class Redlock(ShowsSettings):
         # A blocked acquire hears releases (wake.py), unless waits were injected.
         self._wakeups: Optional[Wakeups] = None
         if sleep is _SLEEP or sleep is time.sleep:  # not injected (gevent may patch later)
-            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            heard_enough = self._rules.enough_no
             self._wakeups = Wakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:

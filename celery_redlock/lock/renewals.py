@@ -18,7 +18,7 @@ its round, so a release waits for its own lease's command alone. Leases whose lo
 cannot renew in batches are extended one by one.
 
 Imports lease.py, extend_replies.py, wire/node_set.py, scripts.py, commands.py
-(``ms``), quorum.py (``is_one``) and wire/background.py; not redlock.py (the lock
+(``ms``), quorum.py (``is_one``, ``enough_no``) and wire/background.py; not redlock.py (the lock
 imports the watchdog, which imports this module), nor Celery.
 """
 
@@ -35,7 +35,7 @@ from . import scripts
 from .commands import ms
 from .extend_replies import extension_outcome, extension_ttl
 from .lease import Extension, Lease
-from .quorum import is_one
+from .quorum import enough_no, is_one
 
 __all__ = ["CHUNK", "BatchOwner", "extend_batch", "renew"]
 
@@ -93,7 +93,7 @@ def extend_batch(
         [min(CHUNK, len(asked) - first) for first in range(0, len(asked), CHUNK)],
         is_yes=is_one,
         enough_yes=quorum,
-        enough_no=len(nodes) - quorum + 1,
+        enough_no=enough_no(len(nodes), quorum),
     )
     latest = max(leases[index].deadline for index, _ in asked)
     nodes.batch_round(commands, tally, min(node_timeout, latest - started))

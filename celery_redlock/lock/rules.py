@@ -77,7 +77,7 @@ from .extend_replies import extension_outcome, extension_ttl
 from .lease import Duration, Extension, LeaseState
 from .permit_steps import permit_attempt_steps
 from .permits import Terms
-from .quorum import is_answer, is_one, lease_value, quorum
+from .quorum import enough_no, is_answer, is_one, lease_value, quorum
 from .reentry import HeldLeases, is_reentered
 from .settings import Settings, holder_argument
 from .steps import Ask, Pause, Settle, Steps
@@ -114,7 +114,7 @@ class LockRules:
         self.addresses = tuple(addresses)
         self.quorum = quorum(len(self.addresses))
         #: Noes that rule a quorum out: a round can stop there.
-        self.enough_no = len(self.addresses) - self.quorum + 1
+        self.enough_no = enough_no(len(self.addresses))
         #: Which leases each execution won through this lock (reentry.py).
         self.held = held
         #: The lock's monotonic clock: validity counts on it.
@@ -433,7 +433,7 @@ class LockRules:
         if yes >= self.quorum:
             return True
         no = sum(1 for r in results if is_answer(r) and r is not NOT_AWAITED and not is_yes(r))
-        if no > len(results) - self.quorum:
+        if no >= enough_no(len(results), self.quorum):
             return False
         raise self.unavailable(key, results)
 
