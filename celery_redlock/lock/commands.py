@@ -135,10 +135,12 @@ def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:
 
 
 def _no_holds(keys: Keys, hold: Optional[str]) -> None:
+    """A ``hold`` belongs to a lease on one key: one on several is never re-entered."""
     if hold is not None and len(keys) > 1:
         raise ConfigurationError(
-            f"hold: a lease on several keys ({', '.join(keys)}) has no reentrant holds; "
-            "reentrant=True takes one key"
+            f"hold must be None for a lease on several keys ({', '.join(keys)}), got "
+            f"hold={hold!r}: such a lease has no reentrant holds (reentrant=True takes "
+            "one key)"
         )
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, Union
 import pytest
 from redis import exceptions as rexc
 
-from celery_redlock.errors import AlreadyHeld, LockContended, QuorumUnavailable
+from celery_redlock.errors import AlreadyHeld, ConfigurationError, LockContended, QuorumUnavailable
 from celery_redlock.lock import scripts
 from celery_redlock.lock.acquire_replies import (
     CONTENDED,
@@ -28,6 +28,7 @@ from celery_redlock.lock.acquire_replies import (
     refused_for,
     verdict,
 )
+from celery_redlock.lock.commands import extend_command, release_command
 from celery_redlock.lock.lease import Extension, Lease, next_renewal, renewal_interval
 from celery_redlock.lock.quorum import is_one
 from celery_redlock.lock.reentry import HeldLeases
@@ -715,3 +716,9 @@ def test_a_lease_that_ran_out_at_max_hold_is_lost_saying_so() -> None:
     clock.advance(TTL)
     outcome = drive(rules.extend_steps(lease, TTL), no_round, never_sleep)
     assert outcome == Extension(reason="max_hold reached")
+
+
+@pytest.mark.parametrize("build", [release_command, extend_command])
+def test_a_hold_of_a_lease_on_several_keys_is_refused_naming_the_argument(build: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"^hold must be None .*got hold='h1'"):
+        build(["a", "b"], VALUE, TTL, "h1")
