@@ -19,8 +19,10 @@ that the connection failed (``failed``):
 
 A reply split over several reads waits in ``inbuf`` until whole; several replies in
 one read are handed out in order. A connection that failed, or whose oldest owed
-reply is older than the owed age (a hung node), is not reused: nodes.py opens a
-fresh one on a later round. Must not import redlock.py or Celery.
+reply is older than the owed age while the node answers nothing (a hung node), is
+not reused: nodes.py opens a fresh one on a later round. A busy connection to a node
+that answers late is kept, however many replies it owes (up to ``MAX_OWED_BUSY``).
+Must not import redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import asyncio
 import contextlib
 import select
 import ssl
+import time
 from collections import deque
-from typing import Any, Final, Optional, Protocol
+from typing import Any, Callable, Final, Optional, Protocol
 
 from redis import exceptions as rexc
 
@@ -38,7 +41,12 @@ from ..wire.connection import _SETUP, MAX_CONNECTING, MAX_OWED_REPLIES
 from ..wire.node import Node
 from ..wire.resp import INCOMPLETE, Command, parse
 
-__all__ = ["NodeConnection", "Unwaited", "Waiter"]
+__all__ = ["MAX_OWED_BUSY", "NodeConnection", "Unwaited", "Waiter"]
+
+#: Replies one connection may owe, its node answering all the while, before it is
+#: closed all the same: a node answering slower than it is asked, for long, must
+#: not collect an unbounded backlog (a reference each: a few hundred KiB at most).
+MAX_OWED_BUSY: Final = 64 * MAX_OWED_REPLIES
 
 #: Whole reads that are one common reply, parsed once here (the hot path: a lock
 #: round's reply is a small integer).
@@ -104,11 +112,16 @@ class _HandshakeReply:
 class NodeConnection(asyncio.Protocol):
     """An asyncio connection to node ``index`` and the replies it still owes."""
 
-    def __init__(self, node: Node, index: int, now: float) -> None:
+    def __init__(
+        self, node: Node, index: int, now: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.node = node
         self.index = index
         self.loop = asyncio.get_running_loop()
         self.born = now
+        self.clock = clock
+        #: When the node last answered anything (its handshake included).
+        self.heard = now
         self.transport: Optional[asyncio.Transport] = None
         self.closed = False
         self.owed: deque[Waiter] = deque()
@@ -117,9 +130,6 @@ class NodeConnection(asyncio.Protocol):
         greeting, tags = node.handshake
         self.outbuf.append(greeting)
         self.owed.extend(_HandshakeReply(tag, now) for tag in tags)
-        #: While connecting: what each queued command's entry is, so that a round
-        #: abandoned before its command left can take it back (``take_back``).
-        self.unsent: Optional[list[tuple[Waiter, bytes]]] = []
         self._connecting: Optional[asyncio.Task[None]] = self.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
@@ -147,24 +157,38 @@ class NodeConnection(asyncio.Protocol):
     # -- what the round asks ---------------------------------------------------------
 
     def usable(self, now: float, owed_age: float, loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether a round on ``loop`` may use this connection now (else: a fresh one)."""
+        """Whether a round on ``loop`` may use this connection now (else: a fresh one).
+
+        Given up only when the node looks hung: a reply owed for longer than
+        ``owed_age``, or more than ``MAX_OWED_REPLIES`` owed, *and* nothing heard from
+        it for ``owed_age`` either (nor waiting unread). One connection serves every
+        task of the loop: a busy one to a node that answers, only late, owes many
+        replies, the oldest of them old, and closing it would fail every other
+        round in flight on it. Past ``MAX_OWED_BUSY`` (a node answering slower than
+        it is asked, for long) it goes whatever it answers."""
         owed_queue = self.owed
         if owed_queue and self.transport is not None and not self.closed and self.loop is loop:
             oldest = owed_queue[0]  # the usual case, in short
             if not oldest.handshake and len(owed_queue) <= MAX_OWED_REPLIES:
-                return now - oldest.sent <= owed_age or self._unread()
+                return now - oldest.sent <= owed_age or self._answering(now, owed_age)
         if self.closed or self.loop is not loop:
             return False
         if self.transport is None:
             return now - self.born < MAX_CONNECTING
         if not owed_queue:
             return True
-        if len(owed_queue) > MAX_OWED_REPLIES:
+        if len(owed_queue) > MAX_OWED_BUSY:
             return False
+        if len(owed_queue) > MAX_OWED_REPLIES:
+            return self._answering(now, owed_age)
         for owed in owed_queue:
             if not owed.handshake:  # that reply is not coming: start afresh
-                return now - owed.sent <= owed_age or self._unread()
+                return now - owed.sent <= owed_age or self._answering(now, owed_age)
         return True
+
+    def _answering(self, now: float, owed_age: float) -> bool:
+        """Whether the node answered within ``owed_age``, or its answer waits unread."""
+        return now - self.heard <= owed_age or self._unread()
 
     def _unread(self) -> bool:
         """Whether bytes wait in the socket, not yet handed to ``data_received``: a
@@ -183,7 +207,7 @@ class NodeConnection(asyncio.Protocol):
         ``entry`` is told its reply."""
         self.owed.append(entry)
         if self.transport is None:
-            self._hold(payload, entry)
+            self.outbuf.append(payload)  # written once connected
         elif self.outbuf:
             self.outbuf.append(payload)
             self.flush()
@@ -194,15 +218,7 @@ class NodeConnection(asyncio.Protocol):
         """As ``send``, but written by the next ``flush``: the rounds of every task
         that sends in one turn of the event loop go out in one write per node."""
         self.owed.append(entry)
-        if self.transport is None:
-            self._hold(payload, entry)
-        else:
-            self.outbuf.append(payload)
-
-    def _hold(self, payload: bytes, entry: Waiter) -> None:
         self.outbuf.append(payload)
-        if self.unsent is not None:
-            self.unsent.append((entry, payload))
 
     def flush(self) -> None:
         """Write what ``queue`` left, in one write."""
@@ -210,20 +226,6 @@ class NodeConnection(asyncio.Protocol):
         if out and self.transport is not None:
             self.outbuf = []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-
-    def take_back(self, entry: Waiter) -> None:
-        """``entry``'s round stopped waiting and wants its unwritten commands (still
-        connecting) never sent: an acquire's SET must not land later."""
-        unsent = self.unsent
-        if self.transport is not None or not unsent:
-            return
-        for held, payload in list(unsent):
-            if held is entry:
-                unsent.remove((held, payload))
-                with contextlib.suppress(ValueError):
-                    self.outbuf.remove(payload)
-                with contextlib.suppress(ValueError):
-                    self.owed.remove(entry)
 
     def close(self) -> None:
         self.fail(rexc.ConnectionError(f"{self.node.address}: connection closed"))
@@ -236,7 +238,6 @@ class NodeConnection(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
-        self.unsent = None
         self.flush()  # the handshake, then what was sent while connecting
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
@@ -244,6 +245,7 @@ class NodeConnection(asyncio.Protocol):
         self.fail(rexc.ConnectionError(f"{self.node.address}: {detail}"))
 
     def data_received(self, data: bytes) -> None:
+        self.heard = self.clock()
         owed_queue = self.owed
         buf = self.inbuf
         if not buf:
@@ -279,7 +281,6 @@ class NodeConnection(asyncio.Protocol):
             return
         self.closed = True
         self.outbuf = []
-        self.unsent = None
         owed, self.owed = self.owed, deque()
         for entry in owed:
             entry.failed(self.index, error)

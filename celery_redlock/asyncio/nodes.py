@@ -137,7 +137,7 @@ class AsyncNodeSet:
         if conn is None or not conn.usable(now, self._owed_age, loop):
             if conn is not None:
                 conn.close()
-            conn = self._conns[i] = NodeConnection(self.nodes[i], i, now)
+            conn = self._conns[i] = NodeConnection(self.nodes[i], i, now, self._clock)
         return conn
 
     def _write_all(
@@ -147,14 +147,14 @@ class AsyncNodeSet:
         now: float,
         wait: bool,
         loop: asyncio.AbstractEventLoop,
-    ) -> bool:
+    ) -> None:
         """Send ``payload`` to every node, each told to ``entry``: now when no other
         round is in flight (one task: nothing to coalesce with); otherwise at the end
         of this loop turn, with what the other tasks' rounds send meanwhile.
         ``wait``: a node that cannot be reached fails ``entry`` for it (else it is
-        skipped: nobody waits for its reply). True when some node's connection is
-        still connecting: the command waits there, unwritten."""
-        held = False
+        skipped: nobody waits for its reply). A node whose connection is still being
+        set up gets the command once it is, also after the round (as a slow node
+        does: see wire/connection.py's ``Connection.park``)."""
         coalesce = bool(self._waiting)
         if coalesce:
             if self._flush_loop is not loop:  # a new event loop: the old one's turn is over
@@ -174,7 +174,6 @@ class AsyncNodeSet:
                     entry.failed(i, rexc.ConnectionError(f"{self.nodes[i].address}: {exc}"))
                     continue
             if conn.transport is None:
-                held = True
                 conn.queue(payload, entry)  # written once connected
             elif not coalesce:
                 conn.send(payload, entry)
@@ -183,7 +182,6 @@ class AsyncNodeSet:
                     self._dirty.append(conn)
                 conn.owed.append(entry)
                 conn.outbuf.append(payload)
-        return held
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -211,7 +209,7 @@ class AsyncNodeSet:
             self._owed_age = max(self._owed_age, owed_age(ask.timeout))
         waiter = _RoundWaiter(tally, ask.command, count, now)
         loop = asyncio.get_running_loop()
-        held = self._write_all(ask.command.payload, waiter, now, True, loop)
+        self._write_all(ask.command.payload, waiter, now, True, loop)
         if not tally.decided and waiter.heard < count:
             wake = waiter.wake = loop.create_future()
             waiter.deadline = loop.time() + ask.timeout
@@ -219,13 +217,13 @@ class AsyncNodeSet:
             try:
                 await wake
             except BaseException:  # cancelled: keep nothing an acquire got
-                self._stop_waiting(waiter, ask.deliver, held)
+                waiter.active = False  # its replies are dropped from now on
                 if ask.undo is not None:
                     self.send_only(ask.undo())
                 raise
             finally:
                 self._waiting.discard(waiter)
-        self._stop_waiting(waiter, ask.deliver, held)
+        waiter.active = False
         if not tally.decided:
             tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
         return tally.finish()
@@ -263,12 +261,3 @@ class AsyncNodeSet:
         if later is not None:
             self._waiting.discard(later)
             self._wait(later, loop)
-
-    def _stop_waiting(self, waiter: _RoundWaiter, deliver: bool, held: bool) -> None:
-        """``waiter``'s replies are dropped from now on; not ``deliver``: its commands
-        still unwritten (``held``: a connection was still connecting) are never sent."""
-        waiter.active = False
-        if held and not deliver:
-            for conn in self._conns:
-                if conn is not None and conn.unsent:
-                    conn.take_back(waiter)

@@ -44,7 +44,7 @@ from ..errors import QuorumUnavailable, RedlockError
 from ..lock.acquire_replies import Attempt
 from ..lock.clear import clear_matching
 from ..lock.commands import lock_keys
-from ..lock.lease import Duration, Extension, LeaseState
+from ..lock.lease import Duration, Extension, LeaseState, next_renewal, renewal_interval
 from ..lock.quorum import clear_match, judge_exit, lease_value
 from ..lock.reentry import HeldLeases
 from ..lock.rules import LockRules
@@ -184,7 +184,7 @@ class AsyncRedlock(ShowsSettings):
         # A blocked acquire hears releases (wake.py here), unless waits were injected.
         self._wakeups: Optional[AsyncWakeups] = None
         if sleep is asyncio.sleep:
-            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            heard_enough = self._rules.enough_no
             self._wakeups = AsyncWakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:
@@ -400,13 +400,12 @@ class AsyncRedlock(ShowsSettings):
 
 
 async def keep_alive(lease: AsyncLease, clock: Callable[[], float]) -> None:
-    """Renew ``lease`` every ttl/3 until it is released or lost (the watchdog's
-    schedule: after a round that met only slow or unreachable nodes, again at
-    every/3 or at ``retry_by``; at ``max_hold``, marked lost when validity ends)."""
-    every = lease.ttl / 3
-    wait = every
-    while True:
-        await asyncio.sleep(max(wait, 0.0))
+    """Renew ``lease`` every ttl/3 until it is released or lost, on the watchdog's
+    schedule (lease.py's ``renewal_interval`` and ``next_renewal``)."""
+    every = renewal_interval(lease.ttl)
+    due: Optional[float] = clock() + every
+    while due is not None:
+        await asyncio.sleep(max(due - clock(), 0.0))
         if lease.released:
             return
         try:
@@ -414,14 +413,4 @@ async def keep_alive(lease: AsyncLease, clock: Callable[[], float]) -> None:
         except RedlockError as exc:
             logger.error("renewing lock %s failed: %s", lease.key, exc)
             extended = False
-        if extended:
-            wait = every
-        elif lease.lost_reason is not None or lease.released:
-            return
-        elif lease.retry_by is not None:
-            wait = min(every / 3, lease.retry_by - clock())
-        else:
-            await asyncio.sleep(max(lease.deadline - clock(), 0.0))
-            if not lease.released:
-                lease.mark_lost("max_hold reached")
-            return
+        due = next_renewal(lease, every, extended, clock())

@@ -23,8 +23,8 @@ callers splitting the other four 2-2 is ``SPLIT``, whatever order the replies ca
 in -- not an outage (a round that stopped at its third "no" reads
 {error, refused, refused, NOT_AWAITED, NOT_AWAITED} and is a split too).
 
-Imports lease.py, stored.py, commands.py and errors.py; must not import redlock.py
-or Celery.
+Imports lease.py, stored.py, commands.py, quorum.py and errors.py; must not import
+redlock.py or Celery.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar, Union
 from ..errors import LockContended, QuorumUnavailable
 from .commands import lease_name, lock_keys
 from .lease import LeaseState
+from .quorum import enough_no
 from .stored import split_value
 
 __all__ = [
@@ -86,7 +87,7 @@ def verdict(
     failed = sum(1 for r in results if isinstance(r, BaseException))
     if sum(1 for r in results if not isinstance(r, BaseException) and is_yes(r)) >= quorum:
         return GRANTED
-    if failed > len(results) - quorum:
+    if failed >= enough_no(len(results), quorum):
         return UNAVAILABLE
     named = Counter(
         who

@@ -31,6 +31,7 @@ from .stored import (
     FENCE_COUNTER_TTL,
     INTERNAL,
     fence_counter,
+    hold_tombstone,
     permit_of,
     permit_slot_prefix,
     permit_terms_record,
@@ -44,6 +45,7 @@ __all__ = [
     "Keys",
     "acquire_command",
     "extend_command",
+    "extend_value_command",
     "fence_command",
     "lease_name",
     "lock_keys",
@@ -125,14 +127,20 @@ def fence_command(keys: Union[str, Sequence[str]], value: str, fence: int) -> Co
 
 def reenter_command(key: str, value: str, hold: str, ttl: float) -> Command:
     """One more hold of ``value`` on ``key`` for ``ttl`` seconds (scripts.REENTER)."""
-    return Command(scripts.REENTER, [key, reentry_holds(key, value)], [value, ms(ttl), hold])
+    return Command(
+        scripts.REENTER,
+        [key, reentry_holds(key, value), hold_tombstone(key, value, hold)],
+        [value, ms(ttl), hold],
+    )
 
 
 def _no_holds(keys: Keys, hold: Optional[str]) -> None:
+    """A ``hold`` belongs to a lease on one key: one on several is never re-entered."""
     if hold is not None and len(keys) > 1:
         raise ConfigurationError(
-            f"hold: a lease on several keys ({', '.join(keys)}) has no reentrant holds; "
-            "reentrant=True takes one key"
+            f"hold must be None for a lease on several keys ({', '.join(keys)}), got "
+            f"hold={hold!r}: such a lease has no reentrant holds (reentrant=True takes "
+            "one key)"
         )
 
 
@@ -162,7 +170,7 @@ def release_command(
         return Command(scripts.RELEASE, [key, tombstone(key, value)], [value, ms(ttl)])
     return Command(
         scripts.RELEASE_HOLD,
-        [key, reentry_holds(key, value), tombstone(key, value)],
+        [key, reentry_holds(key, value), tombstone(key, value), hold_tombstone(key, value, hold)],
         [value, hold, ms(ttl)],
     )
 
@@ -180,6 +188,17 @@ def extend_command(
     if hold is None:
         return Command(scripts.EXTEND, [key], [value, ms(ttl)])
     return Command(scripts.EXTEND_HOLD, [key, reentry_holds(key, value)], [value, ms(ttl)])
+
+
+def extend_value_command(keys: Union[str, Sequence[str]], value: str, ttl: float) -> Command:
+    """Extend ``value`` on every key to ``ttl`` s from now, for a caller that holds no
+    lease, so knows no hold: once re-entered, as a hold's extension (never shorter,
+    the holds with the key), else as a plain one."""
+    keys = _as_keys(keys)
+    if len(keys) > 1:
+        return extend_command(keys, value, ttl)
+    key = keys[0]
+    return Command(scripts.EXTEND_VALUE, [key, reentry_holds(key, value)], [value, ms(ttl)])
 
 
 def owned_command(keys: Union[str, Sequence[str]], value: str) -> Command:

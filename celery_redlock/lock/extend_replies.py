@@ -14,7 +14,8 @@ Both ask the same two questions, answered here once:
 Every time is on the lock's monotonic clock; ``started`` is taken before the round's
 first byte goes out, so the new validity never counts time the round took.
 
-No I/O, no clock: imports lease.py's ``Extension`` only.
+No I/O, no clock: imports lease.py's ``Extension`` and quorum.py's ``enough_no``
+only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from .lease import Extension
+from .quorum import enough_no
 
 __all__ = ["Extended", "extension_outcome", "extension_ttl"]
 
@@ -41,13 +43,16 @@ def extension_ttl(
     lease: Extended, ttl: float, started: float, margin: Callable[[float], float]
 ) -> Union[float, Extension]:
     """The ttl a round starting at ``started`` asks for, or the lease's ``Extension``
-    with no round: validity already ran out (lost), or ``max_hold`` is reached
-    (all None: let it run out). ``margin(ttl)``: the drift allowance for ``ttl``."""
+    with no round: validity already ran out (lost; "max_hold reached" when it ran out
+    at the bound), or ``max_hold`` is reached (all None: let it run out).
+    ``margin(ttl)``: the drift allowance for ``ttl``."""
+    left = None if lease.max_hold is None else lease.acquired_at + lease.max_hold - started
+    at_bound = left is not None and left <= margin(ttl)
     if lease.deadline - started <= 0:
-        return Extension(reason="validity ran out before it was extended")
-    if lease.max_hold is not None:
-        left = lease.acquired_at + lease.max_hold - started
-        if left <= margin(ttl):
+        reason = "max_hold reached" if at_bound else "validity ran out before it was extended"
+        return Extension(reason=reason)
+    if left is not None:
+        if at_bound:
             return Extension()  # at the bound: let it run out
         ttl = min(ttl, left)
     return ttl
@@ -82,6 +87,6 @@ def extension_outcome(
     # A retry round must end a node_timeout before the deadline, so that its
     # failure, too, is known while the lease is still valid.
     retry_by = deadline - margin - 2 * node_timeout
-    if refused > len(results) - quorum or finished >= retry_by:
+    if refused >= enough_no(len(results), quorum) or finished >= retry_by:
         return Extension(reason=reason)
     return Extension(reason=reason, retry_by=retry_by)

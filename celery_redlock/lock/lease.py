@@ -31,7 +31,15 @@ from ..wire.background import in_hub, new_rlock
 from . import validate
 from .stored import FIRST_HOLD
 
-__all__ = ["Duration", "Extension", "Lease", "LeaseOwner", "LeaseState"]
+__all__ = [
+    "Duration",
+    "Extension",
+    "Lease",
+    "LeaseOwner",
+    "LeaseState",
+    "next_renewal",
+    "renewal_interval",
+]
 
 # The name the logger had before the package was split into folders: users filter on it.
 logger = logging.getLogger("celery_redlock.lease")
@@ -52,6 +60,32 @@ class Extension(NamedTuple):
     #: Not extended, but it may still be: try again by then (lock's clock). None
     #: when the lease is lost (a majority refused, or no time left for a round).
     retry_by: Optional[float] = None
+
+
+def renewal_interval(ttl: float) -> float:
+    """How often a kept-alive lease of ``ttl`` seconds is renewed: every ttl/3, so a
+    renewal that met only slow nodes still leaves time for more before it runs out."""
+    return ttl / 3
+
+
+def next_renewal(lease: LeaseState, every: float, extended: bool, now: float) -> Optional[float]:
+    """When a kept-alive ``lease`` is renewed next (on its lock's clock), after a
+    renewal that ``extended`` it or not; None: no more (released, or lost and so
+    marked). The schedule both drivers keep (watchdog.py, asyncio's ``keep_alive``):
+
+    - extended: ``every`` seconds on;
+    - only slow or unreachable nodes met, validity left (``retry_by``): again after
+      every/3, or at ``retry_by`` if that is sooner;
+    - at ``max_hold`` (not extended, nothing wrong): no round until validity runs
+      out; that renewal then marks it lost ("max_hold reached", extend_replies.py),
+      so a holder that has not released learns it."""
+    if extended:
+        return now + every
+    if lease.released or lease.lost_reason is not None:
+        return None
+    if lease.retry_by is not None:
+        return min(now + every / 3, lease.retry_by)
+    return max(lease.deadline, now + 0.001)
 
 
 class LeaseOwner(Protocol):
@@ -274,12 +308,16 @@ class Lease(LeaseState):
         """Take the lease's lock for an extension round (``extend``'s, or a batch the
         watchdog runs for many leases), so that no other extension or release of it
         interleaves. False, and the lock not kept, when released or lost already;
-        otherwise ``_finish_extension`` must follow."""
+        otherwise ``_finish_extension`` (or ``_let_go``) must follow."""
         self._lock.acquire()
         if self._released or self._lost_reason is not None:
             self._lock.release()
             return False
         return True
+
+    def _let_go(self) -> None:
+        """Let go of the lock ``_hold_for_extension`` took, no round having run."""
+        self._lock.release()
 
     def _finish_extension(self, outcome: Extension) -> bool:
         """Record the round's ``outcome``, let go of the lock ``_hold_for_extension``

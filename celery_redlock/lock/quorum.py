@@ -18,6 +18,7 @@ __all__ = [
     "CLOCK_PRECISION",
     "TOKEN_LENGTH",
     "clear_match",
+    "enough_no",
     "is_answer",
     "is_one",
     "judge_exit",
@@ -35,6 +36,13 @@ TOKEN_LENGTH = (16, 256)
 def quorum(n: int) -> int:
     """How many of ``n`` nodes make a majority."""
     return n // 2 + 1
+
+
+def enough_no(n: int, need: Optional[int] = None) -> int:
+    """How many of ``n`` nodes saying no (refusing, failing) put ``need`` yes (default:
+    a majority) out of reach: ``n - need + 1``. As many nodes meet every quorum, so
+    hearing that many is hearing at least one node of any quorum (wake-ups)."""
+    return n - (quorum(n) if need is None else need) + 1
 
 
 def is_one(reply: object) -> bool:

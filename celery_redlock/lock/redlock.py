@@ -143,7 +143,7 @@ class Redlock(ShowsSettings):
         # A blocked acquire hears releases (wake.py), unless waits were injected.
         self._wakeups: Optional[Wakeups] = None
         if sleep is _SLEEP or sleep is time.sleep:  # not injected (gevent may patch later)
-            heard_enough = len(self._nodes) - self._rules.quorum + 1
+            heard_enough = self._rules.enough_no
             self._wakeups = Wakeups(self._nodes.nodes, heard_enough, settings.node_timeout)
 
     def __repr__(self) -> str:
@@ -386,7 +386,9 @@ class Redlock(ShowsSettings):
         """Push ``key``'s expiry to ``ttl`` seconds from now (default: this lock's
         ttl) on all nodes where it still holds ``value`` (a lease's ``token|holder``),
         for a process that holds no ``Lease`` but was handed the value. ``key`` may be
-        the list of keys a lease took together (each node extends all or none).
+        the list of keys a lease took together (each node extends all or none). A
+        re-entered key (``reentrant=True``) is extended as its holds are: never
+        sooner than it expired, its holds renewed with it.
 
         True when a quorum extended it; False when it is no longer that holder's
         (too many nodes answered that it is not); ``QuorumUnavailable`` when too few

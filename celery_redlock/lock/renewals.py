@@ -12,10 +12,13 @@ majority refused is marked lost alone, one whose nodes were slow is tried again.
 
 While its round runs, each lease's lock is held (``Lease._hold_for_extension``), so
 that no ``extend`` or ``release`` of the same lease interleaves, as with
-``Lease.extend``. Leases whose lock cannot renew in batches are extended one by one.
+``Lease.extend``; only then: a lease renewed in a round of its own (re-entered, a set
+of keys) is not held during the shared round, nor the shared round's leases during
+its round, so a release waits for its own lease's command alone. Leases whose lock
+cannot renew in batches are extended one by one.
 
 Imports lease.py, extend_replies.py, wire/node_set.py, scripts.py, commands.py
-(``ms``), quorum.py (``is_one``) and wire/background.py; not redlock.py (the lock
+(``ms``), quorum.py (``is_one``, ``enough_no``) and wire/background.py; not redlock.py (the lock
 imports the watchdog, which imports this module), nor Celery.
 """
 
@@ -32,7 +35,7 @@ from . import scripts
 from .commands import ms
 from .extend_replies import extension_outcome, extension_ttl
 from .lease import Extension, Lease
-from .quorum import is_one
+from .quorum import enough_no, is_one
 
 __all__ = ["CHUNK", "BatchOwner", "extend_batch", "renew"]
 
@@ -90,7 +93,7 @@ def extend_batch(
         [min(CHUNK, len(asked) - first) for first in range(0, len(asked), CHUNK)],
         is_yes=is_one,
         enough_yes=quorum,
-        enough_no=len(nodes) - quorum + 1,
+        enough_no=enough_no(len(nodes), quorum),
     )
     latest = max(leases[index].deadline for index, _ in asked)
     nodes.batch_round(commands, tally, min(node_timeout, latest - started))
@@ -115,18 +118,28 @@ def renew(leases: Sequence[Lease]) -> list[bool]:
         else:
             extended[index] = _extend_one(lease)
     for indexes in by_owner.values():
-        held = [i for i in indexes if leases[i]._hold_for_extension()]
-        # A re-entered lease (reentry.py) extends its holds with its key, a set of
-        # keys (commands.py) all of them at once: each its own round, still under
-        # the lease's lock so no hold is counted meanwhile.
-        plain = [i for i in held if _batchable(leases[i])]
-        for i in held:
-            if not _batchable(leases[i]):
-                extended[i] = leases[i]._finish_extension(_outcome([leases[i]])[0])
+        # Each lease's lock is held only while its own command is in flight, so a
+        # release (a greenlet's, on the hub's OS thread) waits for one round at
+        # most. A re-entered lease (reentry.py) extends its holds with its key, a set
+        # of keys (commands.py) all of them at once: each its own round, under its
+        # own lock alone so no hold is counted meanwhile. The others share a round.
+        alone = [i for i in indexes if not _batchable(leases[i])]
+        plain = []
+        for i in (i for i in indexes if _batchable(leases[i])):
+            if not leases[i]._hold_for_extension():
+                continue
+            if _batchable(leases[i]):
+                plain.append(i)
+            else:  # re-entered since it was sorted: let go, renew it alone below
+                leases[i]._let_go()
+                alone.append(i)
         if plain:
             group = [leases[i] for i in plain]
             for i, lease, outcome in zip(plain, group, _outcome(group)):
                 extended[i] = lease._finish_extension(outcome)
+        for i in alone:
+            if leases[i]._hold_for_extension():
+                extended[i] = leases[i]._finish_extension(_outcome([leases[i]])[0])
     return extended
 
 

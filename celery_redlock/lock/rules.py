@@ -64,6 +64,7 @@ from .commands import (
     Keys,
     acquire_command,
     extend_command,
+    extend_value_command,
     fence_command,
     lease_name,
     lock_keys,
@@ -76,7 +77,7 @@ from .extend_replies import extension_outcome, extension_ttl
 from .lease import Duration, Extension, LeaseState
 from .permit_steps import permit_attempt_steps
 from .permits import Terms
-from .quorum import is_answer, is_one, lease_value, quorum
+from .quorum import enough_no, is_answer, is_one, lease_value, quorum
 from .reentry import HeldLeases, is_reentered
 from .settings import Settings, holder_argument
 from .steps import Ask, Pause, Settle, Steps
@@ -113,7 +114,7 @@ class LockRules:
         self.addresses = tuple(addresses)
         self.quorum = quorum(len(self.addresses))
         #: Noes that rule a quorum out: a round can stop there.
-        self.enough_no = len(self.addresses) - self.quorum + 1
+        self.enough_no = enough_no(len(self.addresses))
         #: Which leases each execution won through this lock (reentry.py).
         self.held = held
         #: The lock's monotonic clock: validity counts on it.
@@ -398,7 +399,7 @@ class LockRules:
         keys = lock_keys(key)
         value = lease_value(value)
         new_ttl = self.settings.ttl if ttl is None else validate.seconds("ttl", ttl)
-        command = extend_command(keys, value, new_ttl)
+        command = extend_value_command(keys, value, new_ttl)
         results = yield Ask(command, self.settings.node_timeout, is_one, self.quorum)
         return self.agreed(lease_name(keys), results, is_one)
 
@@ -432,7 +433,7 @@ class LockRules:
         if yes >= self.quorum:
             return True
         no = sum(1 for r in results if is_answer(r) and r is not NOT_AWAITED and not is_yes(r))
-        if no > len(results) - self.quorum:
+        if no >= enough_no(len(results), self.quorum):
             return False
         raise self.unavailable(key, results)
 

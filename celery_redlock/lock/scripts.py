@@ -24,7 +24,7 @@ from .multi_scripts import (
     RELEASE_MULTI,
 )
 from .permit_scripts import PERMIT_SCRIPTS
-from .stored import WAKE_SUFFIX, publish_wake
+from .stored import FIRST_HOLD, WAKE_SUFFIX, lua_text, publish_wake
 
 __all__ = [
     "ACQUIRE",
@@ -36,6 +36,7 @@ __all__ = [
     "EXTEND_HOLD",
     "EXTEND_MANY",
     "EXTEND_MULTI",
+    "EXTEND_VALUE",
     "FENCE",
     "FENCED_SET",
     "FENCE_MULTI",
@@ -195,34 +196,43 @@ return 1
 )
 
 # -- reentrancy (redlock reentrant=True): the holds of one value, counted on the node --
+
+#: stored.FIRST_HOLD as a Lua string: the scripts and the Python side name it once.
+_FIRST_HOLD: Final = f"'{lua_text(FIRST_HOLD)}'"
 #
 # A lease re-acquired by the execution that holds it is one more *hold* of the same
 # value: the lock key keeps ``token|holder``, and a set beside it (``<key>\0holds\0
-# <token>``, see holders.reentry_holds) names each hold by a nonce, the first hold
-# being "0". Adding a nonce is idempotent, so a command resent on a fresh connection
-# counts once. Both keys expire together; the last hold to go deletes both.
+# <token>``, see stored.reentry_holds) names each hold by a nonce, the first hold
+# being stored.FIRST_HOLD. Adding a nonce is idempotent, so a command resent on a
+# fresh connection counts once. Both keys expire together; the last hold to go
+# deletes both. A released hold leaves a tombstone of its own (see RELEASE_HOLD).
 
 REENTER: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] its holds set for our value
+-- KEYS[1] lock key; KEYS[2] its holds set for our value; KEYS[3] this hold's
+-- tombstone (see RELEASE_HOLD)
 -- ARGV[1] our value; ARGV[2] ttl in milliseconds; ARGV[3] this hold's nonce
 -- returns {1, holds} when the key holds our value (holds: how many now, this one
 --         included); expiry becomes the later of the current one and ttl from now,
 --         so a hold never shortens another's;
---         {holder value, its pttl in ms} when someone else holds it; {false, -2} absent
+--         {holder value, its pttl in ms} when someone else holds it; {false, -2} absent,
+--         or when this hold's release already passed by (a late REENTER: no hold added)
+if redis.call('exists', KEYS[3]) == 1 then
+  return {false, -2}
+end
 local held = redis.call('get', KEYS[1])
 if held ~= ARGV[1] then
   return {held, redis.call('pttl', KEYS[1])}
 end
 if redis.call('exists', KEYS[2]) == 0 then
-  redis.call('sadd', KEYS[2], '0')  -- the first hold, taken by a plain acquire
+  redis.call('sadd', KEYS[2], FIRST_HOLD)  -- the first hold, taken by a plain acquire
 end
 redis.call('sadd', KEYS[2], ARGV[3])
 local ttl = math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[2]))
 redis.call('pexpire', KEYS[1], ttl)
 redis.call('pexpire', KEYS[2], ttl)
 return {1, redis.call('scard', KEYS[2])}
-"""
+""".replace("FIRST_HOLD", _FIRST_HOLD)
 )
 
 EXTEND_HOLD: Final = Script(
@@ -242,19 +252,46 @@ return 1
 """
 )
 
+EXTEND_VALUE: Final = Script(
+    """
+-- KEYS[1] lock key; KEYS[2] its holds set; ARGV[1] our value; ARGV[2] ttl in ms
+-- An extension by whoever was handed the value (Redlock.extend_value), which cannot
+-- know whether it was re-acquired: where this node counts holds of it, as
+-- EXTEND_HOLD (never sooner than before, the holds set with the key); else as EXTEND.
+-- returns 1 when the key held our value and was extended; 0 otherwise
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if redis.call('exists', KEYS[2]) == 0 then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+local ttl = math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[2]))
+redis.call('pexpire', KEYS[1], ttl)
+redis.call('pexpire', KEYS[2], ttl)
+return 1
+"""
+)
+
 RELEASE_HOLD: Final = Script(
     """
--- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token
+-- KEYS[1] lock key; KEYS[2] its holds set; KEYS[3] its tombstone for our token;
+-- KEYS[4] this hold's tombstone
 -- ARGV[1] our value; ARGV[2] this hold's nonce; ARGV[3] tombstone ttl in ms
 -- returns 1 when the key held our value: this hold is gone, and the key too when it
 --         was the last: this hold was in the set and none is left, or there is no set
---         and this is the first hold '0' (holders.FIRST_HOLD: a plain lease never
---         re-acquired on this node). A hold this node never counted (its REENTER did
---         not land here: the undo of a failed re-acquire) leaves the key alone.
+--         and this is the first hold (a plain lease never re-acquired on this
+--         node). A hold this node never counted (its REENTER did not land here:
+--         the undo of a failed re-acquire) leaves the key alone.
 --         0 when it was not ours (left untouched; a tombstone when absent, as RELEASE)
+-- A re-acquired hold leaves its own tombstone: its REENTER may still be on its way
+-- (the round stopped at a quorum; this release may overtake it on another
+-- connection), and must not add, after its release, a hold nobody would release.
+if ARGV[2] ~= FIRST_HOLD then
+  redis.call('set', KEYS[4], '1', 'PX', ARGV[3])
+end
 if redis.call('get', KEYS[1]) == ARGV[1] then
   local removed = redis.call('srem', KEYS[2], ARGV[2])
-  if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == '0') then
+  if redis.call('scard', KEYS[2]) == 0 and (removed == 1 or ARGV[2] == FIRST_HOLD) then
     redis.call('del', KEYS[1], KEYS[2])
     WAKE(KEYS[1])
   end
@@ -264,7 +301,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0
-""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]")).replace("FIRST_HOLD", _FIRST_HOLD)
 )
 
 EXTEND_MANY: Final = Script(
@@ -352,6 +389,7 @@ ALL_SCRIPTS: Final = (
     FORCE_RELEASE,
     REENTER,
     EXTEND_HOLD,
+    EXTEND_VALUE,
     RELEASE_HOLD,
     *MULTI_SCRIPTS,
     *PERMIT_SCRIPTS,

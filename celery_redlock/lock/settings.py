@@ -23,11 +23,30 @@ from .permits import Terms
 from .quorum import CLOCK_PRECISION, token_argument
 from .stored import default_holder
 
-__all__ = ["DEFAULTS", "AcquireArguments", "Settings", "ShowsSettings", "holder_argument"]
+__all__ = [
+    "DEFAULTS",
+    "AcquireArguments",
+    "Settings",
+    "ShowsSettings",
+    "holder_argument",
+    "outlasts_a_round",
+]
 
 #: acquire's arguments, checked: keys, lease ttl, timeout (None: no limit), the
 #: caller's token (None: a random one), holder.
 AcquireArguments = tuple[Keys, float, Optional[float], Optional[str], str]
+
+
+def outlasts_a_round(ttl: float, node_timeout: float) -> float:
+    """``ttl``, checked against ``node_timeout``: a lease that one round could outlast
+    is never valid (the constructor's ttl and acquire's per-call ttl alike)."""
+    if node_timeout >= ttl:
+        raise ConfigurationError(
+            f"node_timeout ({node_timeout}s) must be smaller than ttl ({ttl}s): a lease "
+            "must outlast a round; keep node_timeout a small fraction of ttl (e.g. 5-50 ms "
+            "for a 10 s ttl)"
+        )
+    return ttl
 
 
 @dataclass(frozen=True)
@@ -74,13 +93,8 @@ class Settings:
             raise ConfigurationError("nodes must list at least one Redis master, got none")
         lease_ttl = validate.seconds("ttl", ttl)
         timeout = validate.seconds("node_timeout", node_timeout)
-        if timeout >= lease_ttl:
-            raise ConfigurationError(
-                f"node_timeout ({timeout}s) must be smaller than ttl ({lease_ttl}s); "
-                "keep it a small fraction of ttl (e.g. 5-50 ms for a 10 s ttl)"
-            )
         return cls(
-            ttl=lease_ttl,
+            ttl=outlasts_a_round(lease_ttl, timeout),
             node_timeout=timeout,
             drift_factor=validate.fraction("drift_factor", drift_factor),
             retry_count=validate.count("retry_count", retry_count),
@@ -113,10 +127,7 @@ class Settings:
                 "several keys is not re-entered (take the set once)"
             )
         lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        if lease_ttl <= self.node_timeout:
-            raise ConfigurationError(
-                f"ttl ({lease_ttl}s) must be larger than node_timeout ({self.node_timeout}s)"
-            )
+        outlasts_a_round(lease_ttl, self.node_timeout)
         limit = validate.wait_limit("timeout", timeout)
         if not blocking and timeout is not None:
             raise ConfigurationError(

@@ -19,7 +19,7 @@ import re
 import socket
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 __all__ = [
     "FENCE",
@@ -33,6 +33,7 @@ __all__ = [
     "NodeHolding",
     "default_holder",
     "fence_counter",
+    "hold_tombstone",
     "is_lock_key",
     "lua_text",
     "permit_of",
@@ -46,6 +47,7 @@ __all__ = [
     "reentry_holds",
     "split_value",
     "tombstone",
+    "wake_channel",
 ]
 
 #: Separates a lock key from the lock's own keys kept beside it. Lock keys may not
@@ -82,6 +84,11 @@ def publish_wake(key: str) -> str:
     return f"redis.pcall('publish', {key} .. '{lua_text(WAKE_SUFFIX)}', '')"
 
 
+def wake_channel(key: Union[str, bytes]) -> bytes:
+    """The channel a deletion of ``key`` is published on (``publish_wake`` in Lua)."""
+    return (key.encode() if isinstance(key, str) else key) + WAKE_SUFFIX.encode()
+
+
 def tombstone(key: str, value: str) -> str:
     """The tombstone key a release of ``value`` leaves where ``key`` was absent."""
     return f"{key}{TOMBSTONE}{value.partition('|')[0]}"
@@ -91,6 +98,12 @@ def tombstone(key: str, value: str) -> str:
 FIRST_HOLD = "0"
 #: Marks the set of a reentrant lease's holds: ``<key>\0holds\0<token>``.
 HOLDS = INTERNAL + "holds" + INTERNAL
+
+
+def hold_tombstone(key: str, value: str, hold: str) -> str:
+    """The tombstone a release of one ``hold`` of ``value`` leaves: that hold's
+    REENTER, should it land later, adds nothing (see scripts.RELEASE_HOLD)."""
+    return f"{tombstone(key, value)}{INTERNAL}{hold}"
 
 
 def reentry_holds(key: str, value: str) -> str:

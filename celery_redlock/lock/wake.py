@@ -24,7 +24,8 @@ What it does not change: safety (a message only ends a wait; the next attempt is
 an ordinary quorum round), fairness (none: every waiter woken by a release makes
 one attempt, one wins, the others see the new holder and wait again, so a herd
 costs one attempt per waiter per release), and expiry (not published; the TTL
-bound covers it, as do ``clear`` and keys deleted by hand).
+bound covers it, as it does keys deleted by hand; ``clear`` publishes each key it
+deletes, as ``force_release`` does).
 
 Permissions: PUBLISH runs under ``redis.pcall`` with its outcome ignored, so a
 release never fails for it (Redis 7 ACL users get no channel by default:
@@ -58,18 +59,12 @@ from ..wire.connection import READY, Connection
 from ..wire.node import Node
 from ..wire.resp import INCOMPLETE, pack, parse
 from .steps import Pause
-from .stored import WAKE_SUFFIX
+from .stored import wake_channel
 
 __all__ = ["Listener", "Subscriber", "Wakeups", "wake_channel"]
 
 _POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
-_SUFFIX: Final = WAKE_SUFFIX.encode()
-
-
-def wake_channel(key: str) -> bytes:
-    """The channel a release of ``key`` is published on."""
-    return key.encode() + _SUFFIX
 
 
 class Subscriber:

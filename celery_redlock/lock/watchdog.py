@@ -22,8 +22,9 @@ do not survive ``fork``) and never renews its parent's leases.
 
 Under gevent or eventlet the thread is still a real OS thread (background.py), and
 its rounds use unpatched sockets: a greenlet computing without yielding does not
-starve it. While a batch's round runs (at most ``node_timeout``), the leases in it
-are held by this thread: a greenlet releasing one of them waits for the round. A
+starve it. While a round runs (at most ``node_timeout``), the leases in it are held
+by this thread: a greenlet releasing one of them waits for that round, never for
+the batch's other rounds (renewals.py). A
 lease it finds lost is marked so at once (``held`` turns False in the task), but
 its ``on_lost`` and ``on_extended`` callbacks, and its log lines, are handed to the
 hub, so they run when the computing greenlet next yields.
@@ -42,7 +43,7 @@ import time
 from typing import Callable, Optional
 
 from ..wire.background import new_condition, new_lock, start_daemon_thread
-from .lease import Lease
+from .lease import Lease, next_renewal, renewal_interval
 from .renewals import renew
 
 __all__ = ["Watchdog", "get_watchdog"]
@@ -64,8 +65,9 @@ class Watchdog:
         self._pid = os.getpid()
 
     def watch(self, lease: Lease, interval: Optional[float] = None) -> None:
-        """Renew ``lease`` every ``interval`` seconds (default ttl/3) until unwatched."""
-        every = lease.ttl / 3 if interval is None else interval
+        """Renew ``lease`` every ``interval`` seconds (default ttl/3: lease.py's
+        ``renewal_interval``) until unwatched."""
+        every = renewal_interval(lease.ttl) if interval is None else interval
         due = self._clock() + every
         with self._cond:
             self._watched[id(lease)] = (lease, every)
@@ -78,12 +80,16 @@ class Watchdog:
     def unwatch(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (its queue entry is dropped when it comes due)."""
         with self._cond:
-            self._watched.pop(id(lease), None)
-            if len(self._queue) > 2 * len(self._watched) + 64:
-                # Released leases wait in the heap until due (ttl/3): at thousands of
-                # tasks a second, drop them now rather than keep them alive.
-                self._queue = [e for e in self._queue if self._is_watched(e[2])]
-                heapq.heapify(self._queue)
+            self._unwatch(lease)
+
+    def _unwatch(self, lease: Lease) -> None:
+        if self._is_watched(lease):
+            del self._watched[id(lease)]
+        if len(self._queue) > 2 * len(self._watched) + 64:
+            # Released leases wait in the heap until due (ttl/3): at thousands of
+            # tasks a second, drop them now rather than keep them alive.
+            self._queue = [e for e in self._queue if self._is_watched(e[2])]
+            heapq.heapify(self._queue)
 
     def watching(self, lease: Lease) -> bool:
         with self._cond:
@@ -148,26 +154,13 @@ class Watchdog:
             self._next(lease, every, ok)
 
     def _next(self, lease: Lease, every: float, extended: bool) -> None:
-        """Schedule ``lease``'s next renewal after one that ``extended`` it or not."""
-        if extended:
-            due = self._clock() + every
-        elif lease.lost_reason is not None or lease.released:
-            self.unwatch(lease)  # lost (extend marked it) or released meanwhile
-            return
-        elif lease.retry_by is not None:
-            # Only slow or unreachable nodes met, validity left: soon again, and
-            # once more at the last moment a round can still end in time.
-            due = min(self._clock() + every / 3, lease.retry_by)
-        else:
-            # At max_hold: no more extensions. Look again when validity runs out,
-            # so the holder is told it lost the lock if it still has not released.
-            due = max(lease.deadline, self._clock() + 0.001)
-            if self._clock() >= lease.deadline:
-                lease.mark_lost("max_hold reached")
-                self.unwatch(lease)
-                return
+        """Schedule ``lease``'s next renewal after one that ``extended`` it or not
+        (lease.py's ``next_renewal``, the schedule asyncio's keep-alive keeps too)."""
+        due = next_renewal(lease, every, extended, self._clock())
         with self._cond:
-            if id(lease) in self._watched:
+            if due is None:
+                self._unwatch(lease)  # lost (extend marked it) or released meanwhile
+            elif id(lease) in self._watched:
                 self._push(lease, due)
 
 

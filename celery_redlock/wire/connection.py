@@ -230,24 +230,19 @@ class Connection:
             return True  # set-up only: MAX_CONNECTING bounds it
         return self.owed_for(now) <= owed_age and len(self.expect) <= MAX_OWED_REPLIES
 
-    def park(self, now: float, deliver: bool = False) -> bool:
+    def park(self, now: float) -> bool:
         """Get back in step after a round; False: out of step, close it.
 
-        ``deliver``: the round's command must still reach the node (a release),
-        also when the connection is still being set up.
+        A command still queued behind the connection's set-up goes out once it is
+        done, as one sent to a slow node lands late: a round decided without this
+        node still gives it the key, and a late command is one the scripts expect
+        (a release's tombstones refuse an acquire or hold that comes after it; a
+        lost round's undo follows it on the same connection, or leaves a tombstone).
         """
         if self.sock is None or len(self.expect) > MAX_OWED_REPLIES:
             return False
         if self.state != READY:
-            if deliver:
-                self._stop_awaiting()
-            else:
-                # Nothing of the round's command went out, so drop it and keep the
-                # set-up going (an acquire's SET must not land after the round).
-                while self.expect and self.expect[-1] == _RESULT:
-                    self.expect.pop()
-                    self.commands.pop()
-                    self.pending.pop()
+            self._stop_awaiting()
         elif self.out:
             return False  # a half-written command: the stream is out of step
         elif self.expect:

@@ -243,10 +243,10 @@ class Node:
                 conn.close()
         return self.connect(now, budget) if connect else None
 
-    def checkin(self, conn: Connection, now: float, deliver: bool = False) -> bool:
+    def checkin(self, conn: Connection, now: float) -> bool:
         """Take back a connection after a round: in step, or closed. True when it
-        still owes replies (see ``finish_owed``). ``deliver``: see ``Connection.park``."""
-        if conn.park(now, deliver) and not self._moved(conn):
+        still owes replies (see ``finish_owed``)."""
+        if conn.park(now) and not self._moved(conn):
             self._idle.append(conn)
             return conn.owes
         conn.close()

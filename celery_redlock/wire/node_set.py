@@ -178,12 +178,13 @@ class NodeSet:
         also keeps the clean-up in order behind the command it undoes on a
         connection they share.
 
-        ``deliver=True``: the command must reach every node it could be sent to,
-        also those the round stopped waiting for (a release): a connection still
-        being set up keeps it, and a NOSCRIPT reply that comes after the round is
-        resent as EVAL. Without it, a command not yet sent when the round ends is
-        dropped (an acquire's SET must not land later). ``settled``: decides the
-        round early from the results so far (wire/round.py).
+        Every command reaches every node it was written or queued to, also those
+        the round stopped waiting for: a connection still being set up keeps it
+        (sent once set up), and a NOSCRIPT reply that comes after the round is
+        resent as EVAL. ``deliver=True``: also where no idle connection is left for
+        a round that does not wait (a release, an undo): a new one is opened.
+        ``settled``: decides the round early from the results so far
+        (wire/round.py).
         """
         tally = Round(len(self.nodes), is_yes, enough_yes, enough_no, settled)
 
@@ -201,8 +202,9 @@ class NodeSet:
         ``tally`` (a ``Batch`` made for these commands, in this order) is told of each
         reply, failure and the deadline, as in ``round``: the round stops once every
         item of the batch is decided, every node has answered every command, or at
-        ``timeout`` seconds. Read the outcome with ``tally.finish()``. A command not
-        yet sent when the round ends is dropped (an extension need not land late).
+        ``timeout`` seconds. Read the outcome with ``tally.finish()``. A command still
+        queued behind a connection's set-up when the round ends goes out after it
+        (as in ``round``; EXTEND_MANY changes only keys that hold our value).
         """
 
         def resend(i: int, reply: object) -> Optional[Command]:
@@ -247,7 +249,7 @@ class NodeSet:
                 # Behind for long and no answer in time: out of step (requests lost
                 # on the way) or slower than the deadline for long. Start afresh.
                 conn.close()
-            elif node.checkin(conn, now, deliver):
+            elif node.checkin(conn, now):
                 owing = True
         if owing:
             finisher.note(self)

@@ -279,6 +279,45 @@ def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisNodes) -> N
     run(scenario())
 
 
+def test_a_busy_shared_connection_to_a_slow_node_is_kept_while_it_answers(
+    redis_nodes: RedisNodes, fault_proxy_factory: Callable[..., FaultProxy]
+) -> None:
+    # 32 tasks share each node's connection. Node 0 answers every command, 0.2 s late
+    # (a proxy), within the owed age (10 round deadlines: 0.5 s): each round is
+    # decided by the others, and node 0's connection owes hundreds of replies while
+    # they keep coming. It is busy, not hung: tearing it down failed every other round
+    # in flight on it. Node 0 itself says how often it was connected to.
+    slow = fault_proxy_factory(redis_nodes[0])
+    slow.delay(0.1)
+    observer = redis_nodes[0].client()
+    accepted = int(observer.info("stats")["total_connections_received"])
+    urls = [slow.url, *redis_nodes.urls[1:]]
+
+    async def scenario() -> None:
+        redlock = AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=0.05)
+        stop = time.monotonic() + 2.5  # several owed ages of traffic
+
+        async def task(t: int) -> None:
+            i = 0
+            while time.monotonic() < stop:
+                i += 1
+                try:
+                    lease = await redlock.acquire(f"busy:{t}:{i}", blocking=False)
+                    if lease is not None:
+                        await lease.release()
+                except QuorumUnavailable:
+                    pass  # a loaded machine may miss 50 ms: not what this test is about
+
+        try:
+            await asyncio.gather(*(task(t) for t in range(32)))
+        finally:
+            redlock.close()
+
+    run(scenario())
+    connections = int(observer.info("stats")["total_connections_received"]) - accepted
+    assert connections == 1, f"node 0 was connected to {connections} times"
+
+
 def test_rounds_in_flight_together_each_end_at_their_own_deadline(
     redis_nodes: RedisNodes,
 ) -> None:

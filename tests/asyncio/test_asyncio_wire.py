@@ -20,8 +20,9 @@ import redis
 
 from celery_redlock.asyncio import AsyncLease, AsyncRedlock
 from celery_redlock.lock import scripts
-from celery_redlock.testing import RedisNodes
+from celery_redlock.testing import FaultProxy, RedisNodes
 from celery_redlock.wire.resp import INCOMPLETE, Command, parse
+from tests.support.tls_acl import Certs, TLSNode, tls_values
 
 KEY_TTL = 30.0
 NODE_TIMEOUT = 5.0
@@ -275,3 +276,33 @@ def test_replies_left_unread_through_a_stall_keep_their_connection(
             redlock.close()
 
     asyncio.run(scenario())
+
+
+def test_an_acquire_queued_behind_a_tls_handshake_reaches_the_node(
+    tls: list[TLSNode], certs: Certs, fault_proxy_factory: Callable[..., FaultProxy]
+) -> None:
+    # Node 2 is behind a proxy that delays every chunk by 0.6 s: its TLS handshake
+    # outlasts every 0.3 s round. The acquire is decided by nodes 0 and 1; its SET to
+    # node 2, queued until the handshake is done, must still land there afterwards.
+    slow = fault_proxy_factory(("127.0.0.1", tls[2].tls_port))
+    slow.delay(0.6)
+    proxied = f"rediss://127.0.0.1:{slow.port}/0?ssl_ca_certs={certs.ca}&ssl_cert_reqs=required"
+    urls = [tls[0].url(certs.ca), tls[1].url(certs.ca), proxied]
+
+    async def main() -> None:
+        redlock = AsyncRedlock(urls, ttl=KEY_TTL, node_timeout=0.3)
+        try:
+            await redlock.holder("tls:late-set")  # sets up the connections to nodes 0 and 1
+            lease = await redlock.acquire("tls:late-set", blocking=False)
+            assert lease is not None
+            assert tls[2].plain.get("tls:late-set") is None  # the handshake is not done
+            held = [lease.value.encode()] * 3
+            give_up = time.monotonic() + 12.0  # a hang guard, far past the handshake
+            while tls_values(tls, "tls:late-set") != held:
+                assert time.monotonic() < give_up, "the SET never reached node 2"
+                await asyncio.sleep(0.02)
+            assert await lease.release() is True
+        finally:
+            redlock.close()
+
+    asyncio.run(main())

@@ -345,7 +345,7 @@ BAD_CALLS: list[tuple[str, Callable[[Any], object], str]] = [
     ("int key", lambda r: r.acquire(42), "key must be a non-empty str"),
     ("empty key", lambda r: r.acquire(""), "key must be a non-empty str"),
     ("ttl", lambda r: r.acquire("k", ttl=-5), "ttl must be > 0"),
-    ("ttl<timeout", lambda r: r.acquire("k", ttl=0.01), "larger than node_timeout"),
+    ("ttl<timeout", lambda r: r.acquire("k", ttl=0.01), "must be smaller than ttl (0.01s)"),
     ("timeout", lambda r: r.acquire("k", timeout=-1), "timeout must be >= 0"),
     ("no blocking", lambda r: r.acquire("k", blocking=False, timeout=1), "needs blocking=True"),
     ("holder", lambda r: r.acquire("k", holder="two\nlines"), "holder must be a one-line str"),

@@ -681,7 +681,7 @@ def test_bad_construction_argument_gets_a_clear_error(
         (lambda r: r.acquire(""), "key must be a non-empty str"),
         (lambda r: r.acquire(b"bytes"), "key must be a non-empty str"),
         (lambda r: r.acquire("k", ttl=-5), "ttl must be > 0"),
-        (lambda r: r.acquire("k", ttl=0.01), "larger than node_timeout"),
+        (lambda r: r.acquire("k", ttl=0.01), "must be smaller than ttl (0.01s)"),
         (lambda r: r.acquire("k", timeout=-1), "timeout must be >= 0"),
         (lambda r: r.acquire("k", holder="two\nlines"), "holder must be a one-line str"),
         (lambda r: r.holder(None), "key must be a non-empty str"),

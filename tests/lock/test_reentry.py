@@ -24,6 +24,8 @@ from celery_redlock import (
     RedlockTask,
 )
 from celery_redlock.lock import scripts
+from celery_redlock.lock.commands import reenter_command, release_command
+from celery_redlock.lock.reentry import is_reentered
 from celery_redlock.lock.stored import FIRST_HOLD, reentry_holds
 from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisNodes, RedisServer
@@ -166,6 +168,35 @@ def test_a_hold_never_shortens_the_key_and_extend_keeps_the_count(
     assert inner.release() and outer.release()
 
 
+def test_extend_value_of_a_re_entered_key_never_shortens_it_and_renews_its_holds(
+    redis_nodes: RedisNodes,
+) -> None:
+    # A process handed the value knows nothing of its holds: its extension must still
+    # keep the holds set with the key (or the count expires first) and never cut the
+    # expiry another hold counts on.
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("handed", ttl=KEY_TTL)
+    assert outer is not None
+    inner = redlock.acquire("handed", ttl=KEY_TTL, reentrant=True)
+    assert inner is not None
+    _settled_holds(redis_nodes, "handed", outer.value, [2] * 5)
+    elsewhere = _lock(redis_nodes)
+    assert elsewhere.extend_value("handed", outer.value, ttl=2) is True
+    assert all(c.pttl("handed") > 2000 for c in _clients(redis_nodes))  # not shortened
+    assert elsewhere.extend_value("handed", outer.value, ttl=3 * KEY_TTL) is True
+    holds = reentry_holds("handed", outer.value)
+    longer = int(2 * KEY_TTL * 1000)
+    settles(
+        lambda: [
+            c.pttl("handed") > longer and c.pttl(holds) > longer for c in _clients(redis_nodes)
+        ],
+        [True] * 5,
+        "the key and its holds renewed together on every node",
+    )
+    assert inner.release() is True and outer.release() is True
+    _settled_values(redis_nodes, "handed", [None] * 5)
+
+
 def test_another_process_is_excluded_until_the_count_reaches_zero(
     redis_nodes: RedisNodes,
 ) -> None:
@@ -299,14 +330,34 @@ def test_the_undo_of_a_hold_a_node_never_counted_leaves_the_outer_key(
     assert outer is not None
     _settled_values(redis_nodes, "undo", [outer.value.encode()] * 5)
     server = redis_nodes[0].client()
-    args = ["undo", reentry_holds("undo", outer.value), "undo\x00tomb"]
+    args = ["undo", reentry_holds("undo", outer.value), "undo\x00tomb", "undo\x00hold-tomb"]
     release_hold = scripts.RELEASE_HOLD.source
-    assert server.eval(release_hold, 3, *args, outer.value, "never-counted", 1000) == 1
+    assert server.eval(release_hold, 4, *args, outer.value, "never-counted", 1000) == 1
     assert _values(redis_nodes, "undo") == [outer.value.encode()] * 5
-    assert server.eval(release_hold, 3, *args, outer.value, FIRST_HOLD, 1000) == 1
+    assert server.eval(release_hold, 4, *args, outer.value, FIRST_HOLD, 1000) == 1
     assert server.get("undo") is None  # the only hold on that node: the key goes
     assert outer.release() is True
     _settled_values(redis_nodes, "undo", [None] * 5)
+
+
+def test_a_late_reenter_after_its_own_release_is_refused(redis_nodes: RedisNodes) -> None:
+    # A re-acquire's round stops at a quorum: its REENTER to a slow node may still be
+    # on the way when the hold is released (or the failed round undone) on another
+    # connection. Played on one node in that order, the late REENTER must add no hold
+    # -- nobody would release it, and the key would outlive the last release.
+    redlock = _lock(redis_nodes)
+    outer = redlock.acquire("late")
+    assert outer is not None
+    _settled_values(redis_nodes, "late", [outer.value.encode()] * 5)
+    server = redis_nodes[0].client()
+    hold = "late-hold"
+    release = release_command("late", outer.value, KEY_TTL, hold)
+    assert server.eval(*release.eval_args()) == 1
+    reply = server.eval(*reenter_command("late", outer.value, hold, KEY_TTL).eval_args())
+    assert not is_reentered(reply), reply
+    assert server.scard(reentry_holds("late", outer.value)) == 0
+    assert outer.release() is True
+    _settled_values(redis_nodes, "late", [None] * 5)  # node 0 too, long before its TTL
 
 
 def test_an_eager_task_applied_inside_a_body_gives_the_run_back_its_execution(

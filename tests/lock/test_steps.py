@@ -16,7 +16,7 @@ from typing import Any, TypeVar, Union
 import pytest
 from redis import exceptions as rexc
 
-from celery_redlock.errors import AlreadyHeld, LockContended, QuorumUnavailable
+from celery_redlock.errors import AlreadyHeld, ConfigurationError, LockContended, QuorumUnavailable
 from celery_redlock.lock import scripts
 from celery_redlock.lock.acquire_replies import (
     CONTENDED,
@@ -28,7 +28,8 @@ from celery_redlock.lock.acquire_replies import (
     refused_for,
     verdict,
 )
-from celery_redlock.lock.lease import Extension, Lease
+from celery_redlock.lock.commands import extend_command, release_command
+from celery_redlock.lock.lease import Extension, Lease, next_renewal, renewal_interval
 from celery_redlock.lock.quorum import is_one
 from celery_redlock.lock.reentry import HeldLeases
 from celery_redlock.lock.rules import LockRules
@@ -38,6 +39,7 @@ from celery_redlock.lock.stored import (
     FENCE_COUNTER_TTL,
     FIRST_HOLD,
     fence_counter,
+    hold_tombstone,
     reentry_holds,
     tombstone,
 )
@@ -475,7 +477,7 @@ def test_re_entering_a_held_key_settles_then_counts_one_more_hold_on_the_nodes()
     assert held.hold == FIRST_HOLD  # the first lease now counts as a hold too
     script, keys, args = sent(ask)
     assert script is scripts.REENTER
-    assert keys == ["job", reentry_holds("job", VALUE)]
+    assert keys == ["job", reentry_holds("job", VALUE), hold_tombstone("job", VALUE, args[2])]
     assert args[:2] == [VALUE, "5000"]
     assert (ask.enough_yes, ask.enough_no) == (2, 2)
     again = finish(steps, [[1, 2], [1, 2], timed_out(2)]).lease
@@ -502,7 +504,8 @@ def test_a_re_entry_a_quorum_refused_is_undone_for_its_hold_only() -> None:
     undo, attempt = expect_undo(steps, [[None, -2], [OTHER, 400], [1, 2]])
     script, keys, args = sent(undo)
     assert script is scripts.RELEASE_HOLD
-    assert keys == ["job", reentry_holds("job", VALUE), tombstone("job", VALUE)]
+    tombstones = [tombstone("job", VALUE), hold_tombstone("job", VALUE, hold)]
+    assert keys == ["job", reentry_holds("job", VALUE), *tombstones]
     assert args[:2] == [VALUE, hold]
     assert attempt.lease is None
     assert rules.held.live(("job",)) is held  # the first lease is still this one's
@@ -588,7 +591,8 @@ def test_drive_passes_each_rounds_results_to_the_step_that_asked() -> None:
     rounds = ScriptedRounds([0, 0, 1])
     assert drive(rules.extend_value_steps("job", VALUE, None), rounds, never_sleep) is False
     script, keys, args = sent(rounds.asked[0])
-    assert (script, keys, args) == (scripts.EXTEND, ["job"], [VALUE, "10000"])
+    holds = reentry_holds("job", VALUE)
+    assert (script, keys, args) == (scripts.EXTEND_VALUE, ["job", holds], [VALUE, "10000"])
 
 
 # -- one node down: a split vote is contention, not an outage -----------------------------
@@ -685,3 +689,36 @@ def test_outages_still_end_a_wait_without_timeout_with_one_node_down_besides() -
     assert attempt.verdict == UNAVAILABLE and attempt.unavailable is not None
     with pytest.raises(QuorumUnavailable):
         attempt.outcome("job", True)
+
+
+def test_the_renewal_schedule_both_drivers_keep() -> None:
+    clock = FakeClock()
+    rules = make_rules(clock)
+    lease = won(rules, clock)
+    every = renewal_interval(lease.ttl)
+    assert every == TTL / 3
+    now = clock()
+    assert next_renewal(lease, every, True, now) == now + every
+    lease.retry_by = now + 1.0  # only slow nodes met: soon again, by retry_by at the latest
+    assert next_renewal(lease, every, False, now) == now + 1.0
+    lease.retry_by = now + 60.0
+    assert next_renewal(lease, every, False, now) == now + every / 3
+    lease.retry_by = None  # at max_hold: nothing until validity runs out
+    assert next_renewal(lease, every, False, now) == lease.deadline
+    lease.mark_lost("refused")
+    assert next_renewal(lease, every, False, now) is None
+
+
+def test_a_lease_that_ran_out_at_max_hold_is_lost_saying_so() -> None:
+    clock = FakeClock()
+    rules = make_rules(clock, max_hold=TTL)
+    lease = won(rules, clock)
+    clock.advance(TTL)
+    outcome = drive(rules.extend_steps(lease, TTL), no_round, never_sleep)
+    assert outcome == Extension(reason="max_hold reached")
+
+
+@pytest.mark.parametrize("build", [release_command, extend_command])
+def test_a_hold_of_a_lease_on_several_keys_is_refused_naming_the_argument(build: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"^hold must be None .*got hold='h1'"):
+        build(["a", "b"], VALUE, TTL, "h1")

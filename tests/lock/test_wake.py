@@ -171,16 +171,20 @@ def test_a_crashed_holder_is_taken_after_its_ttl(redis_nodes: RedisNodes) -> Non
     lease.release()
 
 
-def _blocked(redlock: Redlock, key: Any, got: list[Any]) -> threading.Thread:
-    thread = threading.Thread(target=lambda: got.append(redlock.acquire(key, timeout=HANG_GUARD)))
+def _blocked(
+    redlock: Redlock, key: Any, got: list[Any], timeout: float = HANG_GUARD
+) -> threading.Thread:
+    thread = threading.Thread(target=lambda: got.append(redlock.acquire(key, timeout=timeout)))
     thread.start()
     return thread
 
 
-@pytest.mark.parametrize("how", ["force_release", "set_release", "reentered_release"])
+@pytest.mark.parametrize("how", ["force_release", "clear", "set_release", "reentered_release"])
 def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisNodes, how: str) -> None:
-    """An operator's force_release, the release of a set of keys, and the last hold
-    of a re-entered lease publish too (each deletes the key)."""
+    """An operator's force_release and clear, the release of a set of keys, and the
+    last hold of a re-entered lease publish too (each deletes the key). The holder's
+    TTL and the waiter's retry_delay are far past the waiter's timeout: only a wake
+    hands it the key."""
     urls = redis_nodes.urls
     holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
     key: Any = ["set:a", "set:b"] if how == "set_release" else f"kind:{how}"
@@ -189,16 +193,21 @@ def test_every_kind_of_release_wakes_the_waiter(redis_nodes: RedisNodes, how: st
     inner = holder.acquire(key, reentrant=True) if how == "reentered_release" else None
     got: list[Any] = []
     wanted = key if isinstance(key, list) else [key]
-    thread = _blocked(_waiter(urls), wanted[::-1], got)
+    # Its timeout runs past the join below: a waiter that was never woken would win
+    # only at its timeout's last attempt, after the join gave up on it.
+    thread = _blocked(_waiter(urls), wanted[::-1], got, timeout=2 * HANG_GUARD)
     for name in wanted:
         wait_for(subscribed(urls, name))
     if how == "force_release":
         assert holder.force_release(key) == len(urls)
+    elif how == "clear":
+        assert holder.clear("kind:clea?") == 1
     else:
         if inner is not None:
             assert inner.release()  # one hold of two: the key stays, nobody is woken
         assert held.release()
     thread.join(HANG_GUARD)
+    assert not thread.is_alive(), f"{how} never woke the blocked acquire"
     assert got and got[0] is not None
     got[0].release()
 

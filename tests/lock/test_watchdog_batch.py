@@ -289,3 +289,49 @@ def test_1000_leases_on_nodes_10ms_away_are_renewed_and_never_held_in_name_only(
     print(f"1,000 leases 20 ms away, 3 ttls: {len(lost)} lost (each reported)")
     for lease in leases:
         watchdog.unwatch(lease)
+
+
+class _GatedRedlock(Redlock):
+    """A Redlock whose single-lease extension rounds wait for ``gate`` first: a round
+    still in flight, for as long as the test wants (the nodes are real)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.in_round = threading.Event()
+
+    def _extend_lease(self, lease: Lease, ttl: float) -> Extension:
+        self.in_round.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super()._extend_lease(lease, ttl)
+
+
+def test_a_release_waits_only_for_its_own_leases_renewal_not_the_whole_batch(
+    redis_nodes: RedisNodes,
+) -> None:
+    # A batch renews a re-entered lease in a round of its own. A plain lease of the
+    # same lock, renewed in the batch's shared round, must not be held meanwhile:
+    # its release (a greenlet's, on the hub's OS thread) would wait for every round.
+    redlock = _GatedRedlock(redis_nodes.urls, ttl=30.0, node_timeout=0.5)
+    outer = redlock.acquire("gated:reentered")
+    assert outer is not None
+    inner = redlock.acquire("gated:reentered", reentrant=True)
+    plain = redlock.acquire("gated:plain")
+    assert inner is not None and plain is not None
+    renewing = threading.Thread(target=renewals_module.renew, args=([outer, plain],))
+    renewing.start()
+    try:
+        assert redlock.in_round.wait(30), "the re-entered lease's round never started"
+        released: list[bool] = []
+        releasing = threading.Thread(target=lambda: released.append(plain.release()))
+        releasing.start()
+        releasing.join(30)
+        # Ordering, not timing: the release ended while the other lease's round was
+        # still held at the gate.
+        assert released == [True], "the release waited for another lease's round"
+    finally:
+        redlock.gate.set()
+        renewing.join(30)
+    assert not renewing.is_alive()
+    assert redis_nodes[0].client().get("gated:plain") is None
+    assert inner.release() and outer.release()

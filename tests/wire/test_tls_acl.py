@@ -75,9 +75,7 @@ def test_tls_nodes_acquire_extend_release_and_name_the_holder(
     redlock = Redlock(tls_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     other = Redlock(tls_urls(tls, certs.ca), ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
     try:
-        # A read round waits for every node: all TLS handshakes are done after it. (A
-        # round on fresh connections that a quorum decides first leaves the slowest
-        # node's command unsent, by design: that node would not get the key.)
+        # A read round waits for every node: all TLS handshakes are done after it.
         assert redlock.holder("tls:job").holder is None
         lease = redlock.acquire("tls:job", blocking=False, holder="task-1@worker-a:7")
         assert lease is not None and lease.holder == "task-1@worker-a:7"
@@ -210,8 +208,8 @@ def test_a_release_on_a_connection_still_in_its_tls_handshake_reaches_the_node(
         redlock.holder("tls:pending")  # sets up the connections to nodes 0 and 1
         lease = redlock.acquire("tls:pending", blocking=False)
         assert lease is not None
-        # The acquire's SET to node 2 was dropped with its unfinished handshake (by
-        # design: it must not land after the round). Give node 2 the key by hand.
+        # The acquire's SET to node 2 waits behind the unfinished handshake, and the
+        # close() below drops that connection: give node 2 the key by hand.
         tls[2].plain.set("tls:pending", lease.value, px=int(KEY_TTL * 1000))
         redlock.close()  # the release goes out on fresh connections
         lease.release()
@@ -219,6 +217,30 @@ def test_a_release_on_a_connection_still_in_its_tls_handshake_reaches_the_node(
         # No further round is made: the handshake is finished, and the release sent,
         # in the background. Gone long before the key's TTL.
         eventually(lambda: tls_values(tls, "tls:pending") == [None] * 3, 10 * 0.6 * 2)
+    finally:
+        redlock.close()
+
+
+def test_an_acquire_on_a_connection_still_in_its_tls_handshake_reaches_the_node(
+    tls: list[TLSNode], certs: Certs, fault_proxy_factory: Callable[..., FaultProxy]
+) -> None:
+    # As above, node 2's handshake outlasts every round. The acquire is decided by
+    # nodes 0 and 1; its SET to node 2, queued behind the handshake, must still land
+    # there (as it does on a plain node that is merely slow), not be dropped with
+    # the round: a lease held on every node survives more node losses.
+    slow = fault_proxy_factory(("127.0.0.1", tls[2].tls_port))
+    slow.delay(0.6)
+    urls = [tls[0].url(certs.ca), tls[1].url(certs.ca), _proxied_url(slow, certs.ca)]
+    redlock = Redlock(urls, ttl=KEY_TTL, node_timeout=0.3)
+    try:
+        redlock.holder("tls:late-set")  # sets up the connections to nodes 0 and 1
+        lease = redlock.acquire("tls:late-set", blocking=False)
+        assert lease is not None
+        assert tls[2].plain.get("tls:late-set") is None  # the handshake is not done
+        # No further round: the handshake ends, and the SET goes out, in the background.
+        eventually(lambda: tls_values(tls, "tls:late-set") == [lease.value.encode()] * 3, 12.0)
+        lease.release()
+        eventually(lambda: tls_values(tls, "tls:late-set") == [None] * 3, RELEASED_WITHIN)
     finally:
         redlock.close()
 
