@@ -128,6 +128,19 @@ def find_overlaps(
     return found, unaccounted
 
 
+def _killers(job: Job, seen: Seen, faults: Sequence[Fault]) -> list[str]:
+    """The faults that SIGKILLed a body of ``job`` (kind and target)."""
+    found: list[str] = []
+    done = {(s.task_id, s.pid, s.start) for s in seen.intervals.get(job.tag, [])}
+    for task_id, pid, start in seen.starts.get(job.tag, []):
+        if task_id != job.task_id or (task_id, pid, start) in done:
+            continue
+        killed = _killed_at(pid, start, faults)
+        if killed is not None:
+            found.extend(f"{f.kind} {f.target} pid {pid}" for f in faults if f.start == killed)
+    return found
+
+
 def log_lines(task_id: str, log_paths: dict[str, str], limit: int = 40) -> list[str]:
     """The worker log lines that mention ``task_id`` (each prefixed by its worker)."""
     found: list[str] = []
@@ -168,6 +181,7 @@ def account(
             "tag": job.tag,
             "state": job.state,
             "bodies_begun": seen.runs.get(job.task_id, 0),
+            "bodies_killed_by": _killers(job, seen, faults),
             "log": log_lines(job.task_id, log_paths),
         }
         for job in jobs
