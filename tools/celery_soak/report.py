@@ -182,6 +182,12 @@ def account(
             "state": job.state,
             "bodies_begun": seen.runs.get(job.task_id, 0),
             "bodies_killed_by": _killers(job, seen, faults),
+            "sent_ns": job.sent,
+            "faults_within_15s_after_send": [
+                f"{f.kind} {f.target} +{(f.start - job.sent) / 1e9:.2f}s"
+                for f in faults
+                if 0 <= f.start - job.sent <= 15_000_000_000
+            ],
             "log": log_lines(job.task_id, log_paths),
         }
         for job in jobs
