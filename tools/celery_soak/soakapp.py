@@ -12,6 +12,10 @@ under the counter ``soak:{tag}``), and also:
   (:func:`celery_redlock.fencing.fenced_set`); ``refused``: list of
   ``"task_id tag fence where"`` for every write the fence refused (a stale holder).
 
+A body SIGKILLed by a fault never DECRs its occupancy, so ``max:{counter}`` stays
+raised after one: the report judges overlaps from the intervals (a killed body's
+ends at its kill), and shows the counter only as it was left.
+
 Every task is acked late and rejected (so redelivered) when its worker is lost. The
 Redis transport's visibility timeout is 10 s, longer than the longest fault that
 pauses a worker, and unacked messages are swept every second.
