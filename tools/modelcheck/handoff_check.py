@@ -208,13 +208,16 @@ def handoff_scenarios() -> list[HandoffScenario]:
             "handoff-claim-retry",
             "two copies, two lock retries each, holder crash, lost and duplicate wakes",
             budget=2,
+            early=0,
             full_only=True,
         ),
         HandoffScenario(
             "handoff-claim-retry-node-down",
-            "the same with one of the 3 nodes going down for good at any moment",
+            "two copies, two lock retries each, holder crash, lost wakes, one node down",
             budget=2,
             down=1,
+            early=0,
+            dup_wakes=0,
             full_only=True,
         ),
     ]
