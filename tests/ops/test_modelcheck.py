@@ -290,6 +290,11 @@ def test_cli_prints_the_table_and_writes_json(
 from tools.modelcheck.handoff import (  # noqa: E402
     LOST,
     RUN_TWICE,
+    SPLIT,
+    SPLIT_GIVE_UP,
+    TWO_OUTCOMES,
+)
+from tools.modelcheck.handoff_check import (  # noqa: E402
     HandoffResult,
     check_handoff,
     handoff_scenarios,
@@ -303,22 +308,43 @@ def handoff_results() -> dict[str, HandoffResult]:
     return {h.name: check_handoff(h) for h in HANDOFF_CI}
 
 
+@pytest.mark.parametrize(
+    "name", ["handoff-2-tasks", "handoff-2-tasks-node-down", "handoff-wake-registers-nothing"]
+)
 def test_handoff_protocol_is_safe_in_its_whole_state_space(
-    handoff_results: dict[str, HandoffResult],
+    handoff_results: dict[str, HandoffResult], name: str
 ) -> None:
-    result = handoff_results["handoff-2-tasks"]
+    result = handoff_results[name]
     assert result.outcome == SAFE, "\n".join(result.trace)
-    assert result.states > 20_000
+    assert result.states > 5_000
     # Final states were reached, in some of them both tasks ran: not vacuous.
     assert result.final_states > 10 and result.bodies_run == 2
+
+
+def test_with_a_node_down_a_split_claim_goes_round_instead_of_giving_up(
+    handoff_results: dict[str, HandoffResult],
+) -> None:
+    down = handoff_results["handoff-2-tasks-node-down"]
+    assert down.splits > 0 and down.spinning_finals > 0  # the documented corner
+    assert handoff_results["handoff-2-tasks"].spinning_finals == 0
+    probe = handoff_results["handoff-split-probe"].trace
+    # The split: the exhausted fallback claims without the lock while the wake claims
+    # under it.
+    assert any("claims w2.1 to give up" in line for line in probe), "\n".join(probe)
+    assert any("acquires the lock, claims w2.1" in line for line in probe)
 
 
 @pytest.mark.parametrize(
     ("name", "kind", "event"),
     [
+        ("handoff-claim-first-node-down", SPLIT_GIVE_UP, "goes DOWN"),
+        ("handoff-claim-first-gives-up-after-run", TWO_OUTCOMES, "GIVES UP"),
+        ("handoff-exhausted-split-gives-up", TWO_OUTCOMES, "retries spent: GIVES UP"),
         ("handoff-no-claim", RUN_TWICE, "publishes T2 wake"),
         ("handoff-claim-any-node", RUN_TWICE, "WINS claim"),
         ("handoff-no-fallback", LOST, "NO fallback"),
+        ("handoff-rewake-as-wake", LOST, "wake (re-published) contended"),
+        ("handoff-split-probe", SPLIT, "SPLIT"),
     ],
 )
 def test_handoff_control_finds_a_counterexample(

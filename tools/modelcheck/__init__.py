@@ -5,7 +5,8 @@ delays, reorders and loses requests, crashes and restarts, drifting clocks) as a
 finite transition system with two invariants: mutual exclusion in real time, and
 fences that strictly increase in grant order. ``checker.py`` explores it
 breadth-first, so the first counterexample is a shortest one, and prints it as a
-timeline. ``handoff.py`` models the hand-off to waiting duplicates and
+timeline. ``handoff.py`` models the hand-off to waiting duplicates
+(checked by ``handoff_check.py``) and
 ``beatsplit.py`` two beats claiming a tick with a lock node down (how a lost round's
 replies are read decides whether a split loses the tick), and ``limits.py`` at most N
 holders per key (N permit slots against the naive per-node counter, checked by

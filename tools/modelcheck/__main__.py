@@ -21,7 +21,7 @@ from typing import Optional
 
 from .beatsplit import beat_split_scenarios, check_beat_split, format_beat_split
 from .checker import Result, check_all
-from .handoff import check_handoff, format_handoff, handoff_scenarios
+from .handoff_check import check_handoff, format_handoff, handoff_scenarios
 from .limits_check import check_limits, format_limits, limit_scenarios
 from .model import scenarios
 

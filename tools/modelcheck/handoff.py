@@ -1,50 +1,71 @@
 """The hand-off to waiting duplicates (SAFETY.md, "Hand-off to waiting duplicates")
-as a finite transition system, with its own breadth-first checker.
+as a finite transition system; ``handoff_check.py`` explores it and holds the
+scenarios.
 
 The lock itself is one atomic mutex here (its quorum algorithm is model.py's
 subject); what this model adds is what hand-off brings: copies of a task that
 meet the held lock register as waiters, publish a fallback copy and end; a
-releasing holder pops a waiter and publishes a wake copy; a wake and a fallback
-carrying the same waiter id settle which one goes on by a claim written with
-SET NX on N nodes, counted with a quorum.
+releasing holder pops a waiter and publishes a wake copy; copies carrying the same
+waiter id settle which one goes on by a claim written with SET NX on N nodes,
+counted with a quorum (every node answered and no quorum: the id on the most nodes,
+ties to the smallest).
+
+Two designs. ``UNDER_LOCK`` (the protocol): a copy carrying a waiter id first takes
+the lock, then claims; a contended wake re-registers and ends; a contended fallback
+counts a retry, registers the same id again and publishes the next fallback; once
+its retries are spent it claims without the lock and gives up only if it won.
+``CLAIM_FIRST`` (the earlier design, kept as a control): every copy carrying a
+waiter id claims before it takes the lock, and each contention takes a fresh id.
 
 What may happen, in any order:
 
 * the broker delivers any message at any time (countdowns and queues are just
   delay), and loses any wake message;
 * a claim request reaches its node at any time or never, and its reply may be
-  lost; a copy decides on the replies it has at any moment (its deadline);
+  lost; a copy decides on the replies it has at any moment (its deadline); a copy
+  that decided stops listening (replies to its requests still on their way are lost);
+* up to ``down`` nodes go down for good at any time (they never answer again);
 * a registration is lost; a waiter entry expires at any time; a waker pops an
   entry on some nodes only, so the same waiter can be woken again (``dup_wakes``);
 * the holder crashes in its body (its lock frees at its TTL, the ``expire`` step).
 
-Invariants: a task's body never starts twice; two bodies are never inside at
-once; and in every final state (nothing left to do) every task has run or has
-given up explicitly (its lock-retry budget spent: a FAILURE or a skip the caller
-sees), i.e. no task is lost. Standard library only; imports nothing of
-``celery_redlock``.
+Copy ids are renumbered in the canonical form (kept in order, per task), so a copy
+re-published any number of times does not make the state space infinite.
+Standard library only; imports nothing of ``celery_redlock``.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 RUN_TWICE = "body run twice"
 OVERLAP = "two bodies at once"
 LOST = "task lost"
+#: gave up on a claim that a quorum answered with no copy id on a quorum (a split,
+#: not an outage: at most N - quorum nodes are ever down here).
+SPLIT_GIVE_UP = "gave up on a split claim"
+#: a task both ran and gave up (its stored outcome overwritten).
+TWO_OUTCOMES = "ran and gave up"
+#: not a fault: the probe (``probe_split``) for the shortest way to a split claim.
+SPLIT = "claim split"
 
-# Message kinds; copy ids: the original 0, the fallback 1, the k-th wake 2 + k.
-ORIGINAL, FALLBACK, WAKE = 0, 1, 2
-KIND_NAMES = ("original", "fallback", "wake")
-# Process steps.
-CLAIM, ACQUIRE, REGISTER, CHECK, BODY, WAKING = range(6)
+UNDER_LOCK, CLAIM_FIRST = "claim-under-lock", "claim-first"
+# Message kinds.
+# A wake re-published by itself (undecided claim) is REWAKE: the broker keeps it (only
+# a waker's publish can be missing) and, in the "wake" variant, it still acts as a wake.
+ORIGINAL, FALLBACK, WAKE, REWAKE = 0, 1, 2, 3
+KIND_NAMES = ("original", "fallback", "wake", "wake (re-published)")
+# Process steps: ACQUIRE first; CLAIM under the lock; LAST_CLAIM without the lock
+# before giving up; FIRST_CLAIM before the lock (claim-first).
+ACQUIRE, CLAIM, LAST_CLAIM, FIRST_CLAIM, REGISTER, CHECK, BODY, WAKING = range(8)
+CLAIMING = (CLAIM, LAST_CLAIM, FIRST_CLAIM)
 # Lock states besides "held by task t".
 FREE, DEAD = -1, -2
 # Task outcomes.
-PENDING, RAN, GAVE_UP = 0, 1, 2
+# Task outcomes; SPINNING: a copy saw a split claim with a node down and goes round
+# (re-published, spending nothing) until the node answers again -- not explored further.
+PENDING, RAN, GAVE_UP, SPINNING = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -55,17 +76,36 @@ class HandoffScenario:
     description: str
     tasks: int = 2
     nodes: int = 3
-    #: lock retries per task (contentions and undecided claims).
-    budget: int = 2
+    #: lock retries per task (carried in each copy's message).
+    budget: int = 1
     #: holder crashes allowed in the whole run.
     crashes: int = 1
     #: extra wakes of one waiter (an entry popped on a minority of nodes only).
     dup_wakes: int = 1
+    #: nodes that may go down for good (at most nodes - quorum).
+    down: int = 0
+    #: early decisions in the whole run: a copy's deadline passes before every node
+    #: that is up answered (replies late or lost); otherwise a copy decides once
+    #: every request it sent has landed.
+    early: int = 1
+    design: str = UNDER_LOCK
     #: protocol variant switches (a negative control turns one off).
     claim: bool = True
     fallback: bool = True
     #: "quorum" (the protocol) or "any" (won when any node says ours: a bug).
     claim_rule: str = "quorum"
+    #: a contended wake registers its waiter id again (else it just ends).
+    wake_registers: bool = True
+    #: what a holder does with an undecided claim once its retries are spent:
+    #: "give-up" (as any spent budget) or "republish" (spends nothing, goes again).
+    exhausted_undecided: str = "republish"
+    #: what a copy re-published after an undecided claim acts as when contended:
+    #: "fallback" (counts a retry, publishes the next fallback) or "wake" (as it was).
+    republish_as: str = "fallback"
+    #: invariants not checked here (a control aimed at another one).
+    ignore: tuple[str, ...] = ()
+    #: report the first split claim as a violation (to print the shortest way there).
+    probe_split: bool = False
     expect: str = "safe"
     expect_kind: str = ""
     max_states: int = 2_000_000
@@ -82,6 +122,8 @@ class Msg(NamedTuple):
     kind: int
     wid: int
     copy: int
+    #: lock retries spent, carried in the message.
+    tries: int
 
 
 class Proc(NamedTuple):
@@ -91,10 +133,8 @@ class Proc(NamedTuple):
     kind: int
     wid: int
     copy: int
+    tries: int
     step: int
-    #: which delivery of its message this is (the task's retries when delivered):
-    #: replies to an earlier delivery's requests go to that one's connections only.
-    delivery: int
     #: the claim values its nodes answered (a multiset: which node said what does
     #: not matter, and each request is answered once).
     replies: tuple[int, ...]
@@ -105,23 +145,29 @@ class ClaimReq(NamedTuple):
     task: int
     wid: int
     copy: int
-    delivery: int
+    #: False once its sender decided: it still lands, its reply is not counted.
+    live: bool
 
 
 class State(NamedTuple):
     msgs: tuple[Msg, ...]
     procs: tuple[Proc, ...]
     lock: int
-    #: waiter entries (task, wid).
-    queue: tuple[tuple[int, int], ...]
+    #: waiter entries (task, wid, tries of the registered message); one per wid.
+    queue: tuple[tuple[int, int, int], ...]
     #: per node: sorted (task, wid, copy) claims; never deleted.
     claims: tuple[tuple[tuple[int, int, int], ...], ...]
     inflight: tuple[ClaimReq, ...]
+    down: tuple[bool, ...]
     outcome: tuple[int, ...]
-    retries: tuple[int, ...]
-    #: wakes published so far per (task, wid).
-    woken: tuple[tuple[int, int, int], ...]
+    #: per task: the next fresh waiter id and copy id.
+    ids: tuple[tuple[int, int], ...]
+    dups_left: int
     crashes_left: int
+    early_left: int
+
+
+Step = tuple[str, State, Optional[str]]
 
 
 def _sorted(items: object) -> tuple:  # type: ignore[type-arg]
@@ -144,98 +190,126 @@ def _name(task: int) -> str:
 class HandoffModel:
     def __init__(self, scenario: HandoffScenario) -> None:
         self.sc = scenario
+        self.new = scenario.design == UNDER_LOCK
+        #: split claims decided on (transitions, not states): > 0 means reachable.
+        self.splits = 0
 
     def initial(self) -> State:
         sc = self.sc
         return State(
-            _sorted(Msg(t, ORIGINAL, 0, 0) for t in range(sc.tasks)),
-            (), FREE, (), tuple(() for _ in range(sc.nodes)), (),
-            tuple(PENDING for _ in range(sc.tasks)), tuple(0 for _ in range(sc.tasks)),
-            (), sc.crashes,
+            _sorted(Msg(t, ORIGINAL, 0, 0, 0) for t in range(sc.tasks)), (), FREE, (),
+            tuple(() for _ in range(sc.nodes)), (), tuple(False for _ in range(sc.nodes)),
+            tuple(PENDING for _ in range(sc.tasks)), tuple((1, 1) for _ in range(sc.tasks)),
+            sc.dup_wakes, sc.crashes, sc.early,
         )  # fmt: skip
 
     def canonical(self, s: State) -> tuple[object, ...]:
-        """``s`` with the nodes sorted: nodes are interchangeable (nothing outside a
-        node's claims and the requests on their way to it names a node)."""
+        """``s`` with the nodes sorted (nothing outside a node's claims and the
+        requests on their way to it names a node) and each task's copy ids renumbered
+        0, 1, ... in order (only their order and equality matter)."""
+        used: list[set[int]] = [set() for _ in range(self.sc.tasks)]
+        for m in s.msgs:
+            used[m.task].add(m.copy)
+        for p in s.procs:
+            used[p.task].update((p.copy, *p.replies))
+        for node in s.claims:
+            for t, _, c in node:
+                used[t].add(c)
+        for r in s.inflight:
+            used[r.task].add(r.copy)
+        ren = [{c: i for i, c in enumerate(sorted(u))} for u in used]
+        msgs = _sorted(m._replace(copy=ren[m.task][m.copy]) for m in s.msgs)
+        procs = _sorted(
+            p._replace(copy=ren[p.task][p.copy], replies=tuple(ren[p.task][v] for v in p.replies))
+            for p in s.procs
+        )
         bundles = sorted(
-            (s.claims[i], tuple(r[1:] for r in s.inflight if r.node == i))
+            (
+                s.down[i],
+                tuple((t, w, ren[t][c]) for t, w, c in s.claims[i]),
+                _sorted(
+                    (r.task, r.wid, ren[r.task][r.copy], r.live) for r in s.inflight if r.node == i
+                ),
+            )
             for i in range(self.sc.nodes)
         )
-        return (s.msgs, s.procs, s.lock, s.queue, tuple(bundles), s.outcome, s.retries,
-                s.woken, s.crashes_left)  # fmt: skip
+        ids = tuple((w, len(u)) for (w, _), u in zip(s.ids, used))
+        return (msgs, procs, s.lock, s.queue, tuple(bundles), s.outcome, ids, s.dups_left,
+                s.crashes_left, s.early_left)  # fmt: skip
 
-    def successors(self, s: State) -> list[tuple[str, State, Optional[str]]]:
-        out: list[tuple[str, State, Optional[str]]] = []
+    def successors(self, s: State) -> list[Step]:
+        out: list[Step] = []
         for m in sorted(set(s.msgs)):
             out.append(self._deliver(s, m))
             if m.kind == WAKE:
                 out.append((f"broker loses {_msg(m)}", s._replace(msgs=_remove(s.msgs, m)), None))
         for r in sorted(set(s.inflight)):
-            out.extend(self._node_claim(s, r))
+            out.append(self._land(s, r))
         for p in sorted(set(s.procs)):
             out.extend(self._proc_step(s, p))
         if s.lock == DEAD:
             out.append(("the crashed holder's lock expires (TTL)", s._replace(lock=FREE), None))
         for e in s.queue:
-            out.append(
-                (f"waiter {_wid(*e)} entry expires", s._replace(queue=_remove(s.queue, e)), None)
-            )
+            what = f"waiter {_wid(*e[:2])} entry expires"
+            out.append((what, s._replace(queue=_remove(s.queue, e)), None))
+        if sum(s.down) < self.sc.down:
+            for i in range(self.sc.nodes):
+                if not s.down[i]:
+                    inflight = tuple(r for r in s.inflight if r.node != i)
+                    nxt = s._replace(down=_at(s.down, i, True), inflight=inflight)
+                    out.append((f"node{i + 1} goes DOWN (for good)", nxt, None))
         return out
 
     # -- steps ------------------------------------------------------------------
 
-    def _deliver(self, s: State, m: Msg) -> tuple[str, State, Optional[str]]:
-        claiming = m.wid > 0 and self.sc.claim
-        delivery = s.retries[m.task]
-        proc = Proc(m.task, m.kind, m.wid, m.copy, CLAIM if claiming else ACQUIRE, delivery, ())
-        inflight = s.inflight
-        if claiming:
-            reqs = [ClaimReq(i, m.task, m.wid, m.copy, delivery) for i in range(self.sc.nodes)]
-            inflight = _sorted((*inflight, *reqs))
-        nxt = s._replace(
-            msgs=_remove(s.msgs, m), procs=_sorted((*s.procs, proc)), inflight=inflight
-        )
-        verb = "claims" if claiming else "starts"
-        return (f"worker runs {_msg(m)}: {verb}", nxt, None)
+    def _bad(self, kind: str, text: str) -> Optional[str]:
+        return None if kind in self.sc.ignore else f"{kind}: {text}"
 
-    def _node_claim(self, s: State, r: ClaimReq) -> list[tuple[str, State, Optional[str]]]:
+    def _deliver(self, s: State, m: Msg) -> Step:
+        rest = s._replace(msgs=_remove(s.msgs, m))
+        proc = Proc(m.task, m.kind, m.wid, m.copy, m.tries, ACQUIRE, ())
+        if not self.new and m.wid > 0 and self.sc.claim:
+            return (f"worker runs {_msg(m)}: claims", self._send(rest, proc, FIRST_CLAIM), None)
+        return (f"worker runs {_msg(m)}: starts", _with(rest, proc), None)
+
+    def _send(self, s: State, p: Proc, step: int) -> State:
+        """``p`` claims its waiter id: one SET NX request to every node that is up."""
+        reqs = [ClaimReq(i, p.task, p.wid, p.copy, True) for i in range(self.sc.nodes)
+                if not s.down[i]]  # fmt: skip
+        return _with(s._replace(inflight=_sorted((*s.inflight, *reqs))), p._replace(step=step))
+
+    def _land(self, s: State, r: ClaimReq) -> Step:
         held = [c for (t, w, c) in s.claims[r.node] if (t, w) == (r.task, r.wid)]
         value = held[0] if held else r.copy
         claims = s.claims
         if not held:
             claims = _at(claims, r.node, _sorted((*claims[r.node], (r.task, r.wid, r.copy))))
-        base = s._replace(claims=claims, inflight=_remove(s.inflight, r))
+        base = _tidy(s._replace(claims=claims), list(_remove(s.inflight, r)))
         what = f"node{r.node + 1} claim {_wid(r.task, r.wid)} by copy {r.copy}: holds {value}"
-        # A lost or late reply is the same as a decision taken without it (_decide
-        # considers every subset of the replies received), so it is always delivered.
-        for p in set(base.procs):
-            if p.step == CLAIM and (p.task, p.wid, p.copy, p.delivery) == r[1:]:
+        # A lost or late reply is the same as an early decision taken without it
+        # (_decide_any considers every subset of the replies), so it is always delivered.
+        for p in set(base.procs) if r.live else ():
+            if p.step in CLAIMING and (p.task, p.wid, p.copy) == r[1:4]:
                 q = p._replace(replies=_sorted((*p.replies, value)))
-                return [(what, base._replace(procs=_sorted((*_remove(base.procs, p), q))), None)]
-        return [(what, base, None)]
+                return (what, base._replace(procs=_sorted((*_remove(base.procs, p), q))), None)
+        return (what if r.live else f"{what} (reply not awaited)", base, None)
 
-    def _proc_step(self, s: State, p: Proc) -> list[tuple[str, State, Optional[str]]]:
+    def _proc_step(self, s: State, p: Proc) -> list[Step]:
         rest = s._replace(procs=_remove(s.procs, p))
         who = f"{_name(p.task)} {KIND_NAMES[p.kind]}"
-        if p.step == CLAIM:
-            return self._decide_any(s, rest, p, who)
+        if p.step in CLAIMING:
+            return self._decide_any(rest, p, who)
         if p.step == ACQUIRE:
-            return [self._acquire(s, rest, p, who)]
+            return self._acquire(s, rest, p, who)
         if p.step == REGISTER:
             # Registering and publishing the fallback are one step: no other step can
             # see the fallback message before it exists, so nothing is lost by it.
             nxt = _with(rest, p._replace(step=CHECK))
             published = "publishes NO fallback"
             if self.sc.fallback:
-                m = Msg(p.task, FALLBACK, p.wid, 1)
-                nxt = nxt._replace(msgs=_sorted((*nxt.msgs, m)))
+                nxt, m = _publish(nxt, p.task, FALLBACK, p.wid, p.tries)
                 published = f"publishes {_msg(m)} (countdown)"
-            entry = (p.task, p.wid)
-            registered = nxt._replace(queue=_sorted((*nxt.queue, entry)))
-            return [
-                (f"{who} registers waiter {_wid(*entry)}, {published}", registered, None),
-                (f"{who} registration of {_wid(*entry)} lost, {published}", nxt, None),
-            ]
+            return self._register(nxt, p, who, published)
         if p.step == CHECK:
             if s.lock == FREE:
                 return [
@@ -243,7 +317,7 @@ class HandoffModel:
                 ]
             return [(f"{who} sees the lock held: ends (waits)", rest, None)]
         if p.step == BODY:
-            out: list[tuple[str, State, Optional[str]]] = [
+            out: list[Step] = [
                 (
                     f"{who} body ends, releases",
                     _with(rest, p._replace(step=WAKING))._replace(lock=FREE),
@@ -258,98 +332,168 @@ class HandoffModel:
             return out
         return self._wake(rest, who)
 
-    def _decide_any(
-        self, s: State, rest: State, p: Proc, who: str
-    ) -> list[tuple[str, State, Optional[str]]]:
-        """The decision on any subset of the replies received (the rest lost or late)."""
-        subsets = {
-            tuple(sorted(p.replies[i] for i in range(len(p.replies)) if mask >> i & 1))
-            for mask in range(1 << len(p.replies))
-        }
-        out: dict[State, tuple[str, State, Optional[str]]] = {}
+    def _register(self, s: State, p: Proc, who: str, published: str) -> list[Step]:
+        entry = (p.task, p.wid, p.tries)
+        queue = _sorted((*(e for e in s.queue if e[:2] != entry[:2]), entry))
+        w = _wid(p.task, p.wid)
+        return [
+            (f"{who} registers waiter {w}, {published}", s._replace(queue=queue), None),
+            (f"{who} registration of {w} lost, {published}", s, None),
+        ]
+
+    def _acquire(self, s: State, rest: State, p: Proc, who: str) -> list[Step]:
+        sc = self.sc
+        if s.lock == FREE:
+            if self.new and p.wid > 0 and sc.claim:
+                nxt = self._send(rest._replace(lock=p.task), p, CLAIM)
+                return [(f"{who} acquires the lock, claims {_wid(p.task, p.wid)}", nxt, None)]
+            return [self._start_body(rest, p, f"{who} acquires the lock")]
+        if self.new and p.kind in (WAKE, REWAKE):
+            if not sc.wake_registers:
+                return [(f"{who} contended: ends (registers nothing)", rest, None)]
+            return self._register(rest, p, f"{who} contended:", "ends (no fallback, no retry)")
+        if p.tries >= sc.budget:
+            if self.new and p.wid > 0 and sc.claim:
+                nxt = self._send(rest, p, LAST_CLAIM)
+                w = _wid(p.task, p.wid)
+                return [(f"{who} contended, retries spent: claims {w} to give up", nxt, None)]
+            nxt, bad = self._give_up(rest, p.task, split=False)
+            return [(f"{who} contended, retries spent: GIVES UP", nxt, bad)]
+        wid, copy = s.ids[p.task]
+        if self.new and p.wid > 0:
+            wid = p.wid  # the same waiter id for every copy of the task
+        else:
+            rest = rest._replace(ids=_at(rest.ids, p.task, (wid + 1, copy)))
+        nxt = _with(rest, p._replace(wid=wid, tries=p.tries + 1, step=REGISTER))
+        return [(f"{who} contended: waits as {_wid(p.task, wid)}", nxt, None)]
+
+    def _start_body(self, rest: State, p: Proc, what: str) -> Step:
+        t = p.task
+        violation = None
+        if rest.outcome[t] == RAN:
+            violation = self._bad(RUN_TWICE, f"{_name(t)}'s body starts a second time")
+        elif rest.outcome[t] == GAVE_UP:
+            violation = self._bad(TWO_OUTCOMES, f"{_name(t)}'s body starts after it gave up")
+        if violation is None and any(q.step == BODY for q in rest.procs):
+            violation = self._bad(OVERLAP, f"{_name(t)} starts while another body runs")
+        nxt = _with(rest, p._replace(step=BODY))._replace(lock=t, outcome=_at(rest.outcome, t, RAN))
+        return (f"{what}, body STARTS", nxt, violation)
+
+    def _give_up(self, s: State, task: int, split: bool) -> tuple[State, Optional[str]]:
+        bad = None
+        if split:
+            bad = self._bad(SPLIT_GIVE_UP, f"{_name(task)} gives up on a split claim")
+        if bad is None and s.outcome[task] == RAN:
+            bad = self._bad(TWO_OUTCOMES, f"{_name(task)} gives up after its body ran")
+        if s.outcome[task] == RAN:
+            return s, bad
+        return s._replace(outcome=_at(s.outcome, task, GAVE_UP)), bad
+
+    def _decide_any(self, rest: State, p: Proc, who: str) -> list[Step]:
+        """The decision on every reply once every request landed; early (the budget
+        allowing) on any subset of the replies received (the rest lost or late)."""
+        mine = (p.task, p.wid, p.copy)
+        waiting = any(r.live and r[1:4] == mine for r in rest.inflight)
+        subsets: set[tuple[int, ...]] = set() if waiting else {p.replies}
+        if rest.early_left > 0:
+            early = {
+                tuple(sorted(p.replies[i] for i in range(len(p.replies)) if mask >> i & 1))
+                for mask in range(1 << len(p.replies))
+            }
+            subsets |= early - (set() if waiting else {p.replies})
+        # It stops listening: replies to its requests still on their way are lost.
+        rest = _tidy(rest, [r._replace(live=r.live and r[1:4] != mine) for r in rest.inflight])
+        out: dict[State, Step] = {}
         for replies in sorted(subsets):
-            what, nxt, bad = self._decide(s, rest, p._replace(replies=replies), who)
-            out.setdefault(nxt, (what, nxt, bad))
+            base, early_ = rest, waiting or replies != p.replies
+            if early_:
+                base = rest._replace(early_left=rest.early_left - 1)
+            what, nxt, bad = self._decide(base, p._replace(replies=replies), who, early_)
+            if nxt not in out or (bad and not out[nxt][2]):
+                out[nxt] = (what, nxt, bad)
         return list(out.values())
 
-    def _decide(self, s: State, rest: State, p: Proc, who: str) -> tuple[str, State, Optional[str]]:
+    def _winner(self, p: Proc) -> Optional[int]:
         sc = self.sc
         answered = list(p.replies)
         counts = {v: answered.count(v) for v in set(answered)}
-        if sc.claim_rule == "any":
-            winner: Optional[int] = p.copy if p.copy in counts else None
-            if winner is None:
-                winner = next((v for v, n in counts.items() if n >= sc.quorum), None)
-        else:
-            winner = next((v for v, n in counts.items() if n >= sc.quorum), None)
-            if winner is None and len(answered) == sc.nodes:
-                winner = min(counts, key=lambda v: (-counts[v], v))
-        seen = f"replies {list(p.replies)}"
+        if sc.claim_rule == "any" and p.copy in counts:
+            return p.copy
+        winner = next((v for v, n in counts.items() if n >= sc.quorum), None)
+        if winner is None and len(answered) == sc.nodes:
+            winner = min(counts, key=lambda v: (-counts[v], v))
+        return winner
+
+    def _decide(self, rest: State, p: Proc, who: str, early: bool) -> Step:
+        winner = self._winner(p)
+        late = ", deadline passed" if early else ""
+        claim = f"claim {_wid(p.task, p.wid)} (replies {list(p.replies)}{late})"
+        split = winner is None and len(p.replies) >= self.sc.quorum
+        if split:
+            self.splits += 1
+            if self.sc.probe_split:
+                return (f"{who} {claim}: SPLIT", rest, f"{SPLIT}: {_name(p.task)} {claim}")
+        holding = p.step == CLAIM
+        released = rest._replace(lock=FREE)
         if winner == p.copy:
-            return (
-                f"{who} WINS claim {_wid(p.task, p.wid)} ({seen})",
-                _with(rest, p._replace(step=ACQUIRE)),
-                None,
-            )
+            if holding:
+                return self._start_body(rest, p, f"{who} WINS {claim}")
+            if p.step == FIRST_CLAIM:
+                return (f"{who} WINS {claim}", _with(rest, p._replace(step=ACQUIRE)), None)
+            nxt, bad = self._give_up(rest, p.task, split=False)
+            return (f"{who} WINS {claim}: GIVES UP", nxt, bad)
         if winner is not None:
-            return (
-                f"{who} loses claim to copy {winner} ({seen}): ends, stores nothing",
-                rest,
-                None,
-            )
-        if s.retries[p.task] >= sc.budget:
-            return (
-                f"{who} claim undecided ({seen}), budget spent: gives up",
-                _gave_up(rest, p.task),
-                None,
-            )
+            what = f"{who} loses {claim} to copy {winner}: stores nothing"
+            if holding:
+                return (
+                    f"{what}, releases the lock",
+                    _with(released, p._replace(step=WAKING)),
+                    None,
+                )
+            return (what, rest, None)
+        undecided = f"{who} {claim} undecided"
+        base = _with(released, p._replace(step=WAKING)) if holding else rest
+        spent = p.tries >= self.sc.budget
+        if p.step == LAST_CLAIM or (
+            holding and spent and self.sc.exhausted_undecided == "republish"
+        ):
+            if split and not early and any(rest.down):
+                # Every node that is up answered and no answer can change: it goes round
+                # until the down node answers again.
+                if rest.outcome[p.task] == PENDING:
+                    base = base._replace(outcome=_at(base.outcome, p.task, SPINNING))
+                return (f"{undecided}: goes round until the down node is back", base, None)
+            again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries)
+            nxt = base._replace(msgs=_sorted((*base.msgs, again)))
+            return (f"{undecided}: re-published, same ids, no retry spent", nxt, None)
+        if spent:
+            nxt, bad = self._give_up(base, p.task, split and not early)
+            return (f"{undecided}, retries spent: GIVES UP", nxt, bad)
         # Re-published with a countdown like a fallback (the broker keeps it as it keeps
         # any message: only the waker's publish can be missing), same ids.
-        again = Msg(p.task, FALLBACK, p.wid, p.copy)
-        nxt = rest._replace(
-            msgs=_sorted((*rest.msgs, again)),
-            retries=_at(rest.retries, p.task, rest.retries[p.task] + 1),
-        )
-        return (f"{who} claim undecided ({seen}): re-published, same ids", nxt, None)
+        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1)
+        nxt = base._replace(msgs=_sorted((*base.msgs, again)))
+        return (f"{undecided}: re-published, same ids, one retry spent", nxt, None)
 
-    def _acquire(
-        self, s: State, rest: State, p: Proc, who: str
-    ) -> tuple[str, State, Optional[str]]:
-        if s.lock == FREE:
-            violation = None
-            if s.outcome[p.task] == RAN:
-                violation = f"{RUN_TWICE}: {_name(p.task)}'s body starts a second time"
-            elif any(q.step == BODY for q in rest.procs):
-                violation = f"{OVERLAP}: {_name(p.task)} starts while another body runs"
-            nxt = _with(rest, p._replace(step=BODY))._replace(
-                lock=p.task, outcome=_at(s.outcome, p.task, RAN)
-            )
-            return (f"{who} acquires the lock, body STARTS", nxt, violation)
-        if s.retries[p.task] >= self.sc.budget:
-            return (f"{who} contended, budget spent: gives up", _gave_up(rest, p.task), None)
-        n = s.retries[p.task] + 1
-        nxt = _with(
-            rest._replace(retries=_at(s.retries, p.task, n)), p._replace(wid=n, step=REGISTER)
-        )
-        return (f"{who} contended: waits as {_wid(p.task, n)}", nxt, None)
+    def _again(self, p: Proc) -> int:
+        """The kind of ``p``'s own copy re-published after an undecided claim."""
+        if self.new and p.kind in (WAKE, REWAKE) and self.sc.republish_as == "wake":
+            return REWAKE
+        return FALLBACK
 
-    def _wake(self, rest: State, who: str) -> list[tuple[str, State, Optional[str]]]:
+    def _wake(self, rest: State, who: str) -> list[Step]:
         if not rest.queue:
             return [(f"{who} finds no waiter", rest, None)]
-        out: list[tuple[str, State, Optional[str]]] = []
+        out: list[Step] = []
         for entry in rest.queue:
-            task, wid = entry
-            done = next((n for (t, w, n) in rest.woken if (t, w) == entry), 0)
-            woken = _sorted((*(x for x in rest.woken if x[:2] != entry), (task, wid, done + 1)))
-            m = Msg(task, WAKE, wid, 2 + done)
-            popped = rest._replace(queue=_remove(rest.queue, entry), woken=woken,
-                                   msgs=_sorted((*rest.msgs, m)))  # fmt: skip
-            out.append((f"{who} pops {_wid(*entry)}, publishes {_msg(m)}", popped, None))
-            if done < self.sc.dup_wakes:
-                kept = popped._replace(queue=rest.queue)
-                out.append(
-                    (f"{who} pops {_wid(*entry)} on a minority, publishes {_msg(m)}", kept, None)
-                )
+            task, wid, tries = entry
+            popped, m = _publish(rest._replace(queue=_remove(rest.queue, entry)), task, WAKE,
+                                 wid, tries)  # fmt: skip
+            out.append((f"{who} pops {_wid(task, wid)}, publishes {_msg(m)}", popped, None))
+            if rest.dups_left > 0:
+                kept = popped._replace(queue=rest.queue, dups_left=rest.dups_left - 1)
+                what = f"{who} pops {_wid(task, wid)} on a minority, publishes {_msg(m)}"
+                out.append((what, kept, None))
         return out
 
     def lost(self, s: State) -> Optional[str]:
@@ -359,13 +503,24 @@ class HandoffModel:
 
 
 def _with(s: State, p: Proc) -> State:
+    if p.step in (CHECK, BODY, WAKING):  # its ids and replies no longer matter
+        p = Proc(p.task, p.kind, 0, 0, 0, p.step, ())
     return s._replace(procs=_sorted((*s.procs, p)))
 
 
-def _gave_up(s: State, task: int) -> State:
-    if s.outcome[task] == RAN:  # the other copy of the pair ran it: that stands
-        return s
-    return s._replace(outcome=_at(s.outcome, task, GAVE_UP))
+def _tidy(s: State, inflight: list[ClaimReq]) -> State:
+    """``inflight`` without the requests nobody awaits that can change nothing (their
+    node already holds a claim for their waiter id), each such request kept once."""
+    held = {(i, t, w) for i, node in enumerate(s.claims) for t, w, _ in node}
+    kept = {r for r in inflight if r.live or r[:3] not in held}
+    return s._replace(inflight=_sorted(kept))
+
+
+def _publish(s: State, task: int, kind: int, wid: int, tries: int) -> tuple[State, Msg]:
+    """A new message with a fresh copy id."""
+    w, copy = s.ids[task]
+    m = Msg(task, kind, wid, copy, tries)
+    return s._replace(msgs=_sorted((*s.msgs, m)), ids=_at(s.ids, task, (w, copy + 1))), m
 
 
 def _wid(task: int, wid: int) -> str:
@@ -374,139 +529,4 @@ def _wid(task: int, wid: int) -> str:
 
 def _msg(m: Msg) -> str:
     ids = f" {_wid(m.task, m.wid)} copy {m.copy}" if m.wid else ""
-    return f"{_name(m.task)} {KIND_NAMES[m.kind]}{ids}"
-
-
-@dataclass
-class HandoffResult:
-    scenario: HandoffScenario
-    outcome: str
-    states: int = 0
-    final_states: int = 0
-    bodies_run: int = 0
-    seconds: float = 0.0
-    violation: Optional[str] = None
-    trace: list[str] = field(default_factory=list)
-
-    @property
-    def as_expected(self) -> bool:
-        sc = self.scenario
-        if sc.expect == "safe":
-            return self.outcome == "safe"
-        return self.violation is not None and self.violation.startswith(sc.expect_kind)
-
-
-def check_handoff(scenario: HandoffScenario) -> HandoffResult:
-    """Breadth-first over every reachable state: the first violation is a shortest one."""
-    model = HandoffModel(scenario)
-    started = time.perf_counter()
-    init = model.initial()
-    canonical = model.canonical
-    parent: dict[object, Optional[tuple[State, str]]] = {canonical(init): None}
-    queue = deque([init])
-    result = HandoffResult(scenario, "safe")
-    while queue:
-        s = queue.popleft()
-        steps = model.successors(s)
-        violation = None if steps else model.lost(s)
-        if not steps:
-            result.final_states += 1
-            result.bodies_run = max(result.bodies_run, s.outcome.count(RAN))
-        end: Optional[State] = s if violation else None
-        for what, nxt, bad in steps:
-            key = canonical(nxt)
-            if key not in parent:
-                parent[key] = (s, what)
-                queue.append(nxt)
-            if bad is not None:
-                violation, end = bad, nxt
-                break
-        if violation is not None and end is not None:
-            result.outcome, result.violation = "violation", violation
-            result.trace = [*_trace(parent, canonical, end), f"!! VIOLATION: {violation}"]
-            break
-        if len(parent) >= scenario.max_states:
-            result.outcome = "bounded"
-            break
-    result.states = len(parent)
-    result.seconds = time.perf_counter() - started
-    return result
-
-
-def _trace(
-    parent: dict[object, Optional[tuple[State, str]]],
-    canonical: Callable[[State], object],
-    end: State,
-) -> list[str]:
-    lines: list[str] = []
-    node = parent.get(canonical(end))
-    while node is not None:
-        prev, what = node
-        lines.append(what)
-        node = parent[canonical(prev)]
-    return [f"{i + 1:2d}. {line}" for i, line in enumerate(reversed(lines))]
-
-
-def handoff_scenarios() -> list[HandoffScenario]:
-    control = {"expect": "violation"}
-    return [
-        HandoffScenario(
-            "handoff-2-tasks",
-            "two copies of one key, 3 claim nodes, holder crash, lost and duplicate wakes",
-            budget=1,
-        ),
-        HandoffScenario(
-            "handoff-claim-retry",
-            "two copies, two lock retries each: undecided claims re-published, lost wakes",
-            budget=2,
-            crashes=0,
-            dup_wakes=0,
-            full_only=True,
-        ),
-        HandoffScenario(
-            "handoff-3-tasks",
-            "three copies of one key, one retry each, holder crash, lost wakes",
-            tasks=3,
-            budget=1,
-            dup_wakes=0,
-            full_only=True,
-        ),
-        HandoffScenario(
-            "handoff-no-claim",
-            "control: wake and fallback copies both go on (no waiter-id claim)",
-            claim=False,
-            expect_kind=RUN_TWICE,
-            **control,  # type: ignore[arg-type]
-        ),
-        HandoffScenario(
-            "handoff-claim-any-node",
-            "control: a copy takes its claim as won when any node holds its id",
-            claim_rule="any",
-            expect_kind=RUN_TWICE,
-            **control,  # type: ignore[arg-type]
-        ),
-        HandoffScenario(
-            "handoff-no-fallback",
-            "control: a waiter relies on its wake alone (no fallback copy)",
-            fallback=False,
-            expect_kind=LOST,
-            **control,  # type: ignore[arg-type]
-        ),
-    ]
-
-
-def format_handoff(results: list[HandoffResult]) -> str:
-    rows = [("scenario", "expect", "result", "ok", "states", "final", "seconds")]
-    for r in results:
-        sc = r.scenario
-        expect = "safe" if sc.expect == "safe" else f"violation: {sc.expect_kind}"
-        got = r.outcome if r.violation is None else f"violation: {r.violation.split(':')[0]}"
-        rows.append((sc.name, expect, got, "yes" if r.as_expected else "NO", str(r.states),
-                     str(r.final_states), f"{r.seconds:.1f}"))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    for r in results:
-        if r.trace:
-            lines += ["", f"== {r.scenario.name}: shortest counterexample", *r.trace]
-    return "\n".join(lines)
+    return f"{_name(m.task)} {KIND_NAMES[m.kind]}{ids} (retries {m.tries})"

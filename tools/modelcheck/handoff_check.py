@@ -1,0 +1,242 @@
+"""The checker, the scenario catalogue and the printer for ``handoff.py`` (the
+hand-off to waiting duplicates).
+
+Breadth-first over canonical states (nodes renamed, copy ids renumbered), so the
+first violation met is a shortest one; its trace is the path of steps that first
+reached each state. Invariants: a task's body never starts twice, two bodies are
+never inside at once, no task both runs and gives up, no copy gives up on a split
+claim (a quorum answered, no copy id on a quorum: with at most N - quorum nodes
+down that is never an outage), and in every final state (nothing left to do) every
+task has run or has given up explicitly (a FAILURE or a skip the caller sees).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .handoff import (
+    CLAIM_FIRST,
+    LOST,
+    RAN,
+    RUN_TWICE,
+    SPINNING,
+    SPLIT,
+    SPLIT_GIVE_UP,
+    TWO_OUTCOMES,
+    HandoffModel,
+    HandoffScenario,
+    State,
+)
+
+
+@dataclass
+class HandoffResult:
+    scenario: HandoffScenario
+    outcome: str
+    states: int = 0
+    final_states: int = 0
+    bodies_run: int = 0
+    #: final states where a task goes round (a split claim while a node is down).
+    spinning_finals: int = 0
+    #: split claims decided on somewhere in the explored space (transitions).
+    splits: int = 0
+    seconds: float = 0.0
+    violation: Optional[str] = None
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def as_expected(self) -> bool:
+        sc = self.scenario
+        if sc.expect == "safe":
+            return self.outcome == "safe"
+        return self.violation is not None and self.violation.startswith(sc.expect_kind)
+
+
+def check_handoff(scenario: HandoffScenario) -> HandoffResult:
+    """Breadth-first over every reachable state: the first violation is a shortest one."""
+    model = HandoffModel(scenario)
+    started = time.perf_counter()
+    init = model.initial()
+    canonical = model.canonical
+    parent: dict[object, Optional[tuple[State, str]]] = {canonical(init): None}
+    queue = deque([init])
+    result = HandoffResult(scenario, "safe")
+    while queue:
+        s = queue.popleft()
+        steps = model.successors(s)
+        violation = None if steps else model.lost(s)
+        if not steps:
+            result.final_states += 1
+            result.bodies_run = max(result.bodies_run, s.outcome.count(RAN))
+            result.spinning_finals += SPINNING in s.outcome
+        last: list[str] = []
+        for what, nxt, bad in steps:
+            key = canonical(nxt)
+            if key not in parent:
+                parent[key] = (s, what)
+                queue.append(nxt)
+            if bad is not None:
+                violation, last = bad, [what]
+                break
+        if violation is not None:
+            result.outcome, result.violation = "violation", violation
+            lines = [*_trace(parent, canonical, s), *last]
+            result.trace = [f"{i + 1:2d}. {line}" for i, line in enumerate(lines)]
+            result.trace.append(f"!! VIOLATION: {violation}")
+            break
+        if len(parent) >= scenario.max_states:
+            result.outcome = "bounded"
+            break
+    result.states = len(parent)
+    result.splits = model.splits
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _trace(
+    parent: dict[object, Optional[tuple[State, str]]],
+    canonical: Callable[[State], object],
+    end: State,
+) -> list[str]:
+    lines: list[str] = []
+    node = parent.get(canonical(end))
+    while node is not None:
+        prev, what = node
+        lines.append(what)
+        node = parent[canonical(prev)]
+    return lines[::-1]
+
+
+def handoff_scenarios() -> list[HandoffScenario]:
+    control = {"expect": "violation"}
+    return [
+        HandoffScenario(
+            "handoff-2-tasks",
+            "two copies of one key, one lock retry each, 3 claim nodes, holder crash, lost "
+            "and duplicate wakes",
+            early=0,
+        ),
+        HandoffScenario(
+            "handoff-2-tasks-node-down",
+            "the same with one of the 3 nodes going down for good at any moment",
+            down=1,
+            early=0,
+        ),
+        HandoffScenario(
+            "handoff-2-tasks-early",
+            "two copies, one node down, one early decision (a reply late or lost)",
+            down=1,
+            dup_wakes=0,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-split-probe",
+            "finding: the shortest way to a split claim with one node down (the re-published "
+            "copy then goes round until the node is back)",
+            down=1,
+            probe_split=True,
+            expect_kind=SPLIT,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-exhausted-split-gives-up",
+            "control: a holder whose claim is undecided with its retries spent gives up",
+            exhausted_undecided="give-up",
+            early=1,
+            expect_kind=TWO_OUTCOMES,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-claim-first-node-down",
+            "control: the earlier design (claim before the lock), one node down",
+            design=CLAIM_FIRST,
+            down=1,
+            ignore=(TWO_OUTCOMES,),
+            expect_kind=SPLIT_GIVE_UP,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-claim-first-gives-up-after-run",
+            "control: the earlier design, all nodes up: an undecided copy gives up after "
+            "the other copy of its waiter id ran",
+            design=CLAIM_FIRST,
+            expect_kind=TWO_OUTCOMES,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-no-claim",
+            "control: every copy that wins the lock runs (no waiter-id claim)",
+            claim=False,
+            ignore=(TWO_OUTCOMES,),
+            expect_kind=RUN_TWICE,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-claim-any-node",
+            "control: a copy takes its claim as won when any node holds its id",
+            claim_rule="any",
+            ignore=(TWO_OUTCOMES,),
+            expect_kind=RUN_TWICE,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-no-fallback",
+            "control: a waiter relies on its wake alone (no fallback copy)",
+            fallback=False,
+            expect_kind=LOST,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-rewake-as-wake",
+            "control: a wake re-published after an undecided claim still acts as a wake",
+            republish_as="wake",
+            dup_wakes=0,
+            expect_kind=LOST,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-wake-registers-nothing",
+            "a contended wake ends without registering again (the fallback still runs)",
+            wake_registers=False,
+            down=1,
+            early=0,
+        ),
+        HandoffScenario(
+            "handoff-claim-retry",
+            "two copies, two lock retries each, holder crash, lost and duplicate wakes",
+            budget=2,
+            early=0,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-claim-retry-node-down",
+            "two copies, two lock retries each, holder crash, lost wakes, one node down",
+            budget=2,
+            down=1,
+            early=0,
+            dup_wakes=0,
+            full_only=True,
+        ),
+    ]
+
+
+def format_handoff(results: list[HandoffResult]) -> str:
+    rows = [("scenario", "expect", "result", "ok", "states", "final", "spinning", "splits",
+             "seconds")]  # fmt: skip
+    for r in results:
+        sc = r.scenario
+        expect = "safe" if sc.expect == "safe" else f"violation: {sc.expect_kind}"
+        got = r.outcome if r.violation is None else f"violation: {r.violation.split(':')[0]}"
+        rows.append((sc.name, expect, got, "yes" if r.as_expected else "NO", str(r.states),
+                     str(r.final_states), str(r.spinning_finals), str(r.splits),
+                     f"{r.seconds:.1f}"))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in results:
+        if r.trace:
+            lines += ["", f"== {r.scenario.name}: shortest counterexample", *r.trace]
+    return "\n".join(lines)
