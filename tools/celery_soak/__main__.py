@@ -32,7 +32,8 @@ def brief(summary: dict[str, Any]) -> str:
         f" fenced writes refused {result['fenced_writes_refused']}",
     ]
     for lost in result["lost_details"]:
-        lines.append(f"LOST {lost['task_id']} mode={lost['mode']} state={lost['state']}")
+        where = " (in transport)" if lost["task_id"] in result["lost_in_transport"] else ""
+        lines.append(f"LOST{where} {lost['task_id']} mode={lost['mode']} state={lost['state']}")
         lines.extend(f"    {line}" for line in lost["log"])
     for overlap in result["overlap_details"]:
         lines.append(f"OVERLAP {json.dumps(overlap)}")
