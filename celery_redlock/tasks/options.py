@@ -186,7 +186,8 @@ OPTIONS: tuple[Option, ...] = (
         "fail",
         partial(validate.choice, accepted=ON_EXHAUSTED),
         "task",
-        '`"fail"` or `"skip"` after the last lock retry',
+        '`"fail"` or `"skip"` after the last lock retry (an outage of the lock nodes always '
+        "fails: nobody is known to hold the lock)",
     ),
     Option(
         "redlock_auto_extend",
