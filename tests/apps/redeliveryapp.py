@@ -59,9 +59,10 @@ long_acks_late = _occupy_task("long_acks_late", redlock_ttl=2.0, acks_late=True)
 long_acks_late_skip = _occupy_task(
     "long_acks_late_skip", redlock_ttl=2.0, acks_late=True, redlock_on_contended="skip"
 )
-#: Requeued when its pool child dies (reject_on_worker_lost), skipping duplicates.
+#: Requeued when its pool child dies (reject_on_worker_lost), skipping duplicates; a
+#: 6 s lease, so the requeued copy surely meets the dead run's lease.
 killed_skip = _occupy_task(
-    "killed_skip", redlock_ttl=2.0, acks_late=True, reject_on_worker_lost=True,
+    "killed_skip", redlock_ttl=6.0, acks_late=True, reject_on_worker_lost=True,
     redlock_on_contended="skip",
 )  # fmt: skip
 #: SoftTimeLimitExceeded is raised in the body after 1 s; a 30 s lease.

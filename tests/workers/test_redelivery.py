@@ -329,26 +329,42 @@ def test_a_skip_mode_task_whose_child_is_killed_mid_body_runs_again_and_succeeds
     it waits until the dead run's lease has run out, finds no result stored, and
     runs."""
     counter = "killed-skip"
-    go = f"go:{counter}"  # holds the first body until it is killed (it never ends)
+    go = f"go:{counter}"  # holds a body until the test lets it end
+    key = redeliveryapp.lock_key(counter)
     result = send(
         stack, "killed_skip", tag=counter, seconds=60.0, counter=counter, until=go,
     )  # fmt: skip
-    first_pid, _ = started(stack, counter, result.id)
-    killed_at = time.monotonic_ns()
-    os.kill(first_pid, signal.SIGKILL)
-    met = eventually(lambda: contended(stack, result.id), 15, "the requeued copy met the lock")
-    assert f":{first_pid} " in met[0][1] and "-> waits for it" in met[0][1], met[0][1]
-    stack.observer.set(go, 1)  # the copy's body ends at once
+    try:
+        started(stack, counter, result.id)
+        # Kill the process the nodes name as the holder (on a loaded machine a body
+        # stalled past the 2 s visibility timeout can have been handed out again).
+        holder = eventually(lambda: _majority_holder(stack, key), 15, "the lock's holder")
+        holder_pid = int(holder.rsplit(":", 1)[1])
+        killed_at = time.monotonic_ns()
+        os.kill(holder_pid, signal.SIGKILL)
+    finally:
+        stack.observer.set(go, 1)  # any body of this task ends at once from now on
     outcome = result.get(timeout=30)
-    assert result.state == "SUCCESS" and outcome["runs"] == 2
-    assert outcome["pid"] != first_pid
-    bodies = starts(stack, counter)
-    assert [tid for tid, _, _ in bodies] == [result.id, result.id]
-    assert bodies[1][2] > killed_at  # the copy's body began after the first one died
+    assert result.state == "SUCCESS" and outcome["runs"] >= 2
+    assert outcome["pid"] != holder_pid
+    assert any(start > killed_at for _, _, start in starts(stack, counter))
+    lines = [line for _, line in contended(stack, result.id)]
+    # The copy met the dead run's lease and waited for it (it used to be skipped).
+    assert lines, "the requeued copy never met the dead run's lease"
+    assert all("-> waits for it" in line for line in lines), lines
     print(
-        f"child {first_pid} killed mid-body; the copy waited {len(contended(stack, result.id))}x "
-        f"for the dead run's lease, then ran: SUCCESS"
+        f"holder {holder_pid} killed mid-body; the copy waited {len(lines)}x for the dead "
+        "run's lease, then ran: SUCCESS"
     )
+
+
+def _majority_holder(stack: Stack, key: str) -> Optional[str]:
+    """The holder part of the value a majority of nodes keeps for ``key``."""
+    values = [v for v in sight(stack, key).values if v]
+    for value in set(values):
+        if values.count(value) > len(stack.node_clients) // 2:
+            return value.split("|", 1)[-1]
+    return None
 
 
 # -- 11: time limits and revokes -------------------------------------------------------------
