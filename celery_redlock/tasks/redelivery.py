@@ -40,7 +40,7 @@ from celery.exceptions import Ignore
 from .. import signals
 from ..lock.redlock import Lease
 from . import queue_once
-from .headers import EARLIER_RUN_HEADER, header, kept_headers
+from .headers import COPY_HEADER, EARLIER_RUN_HEADER, WAITER_HEADER, header, kept_headers
 from .limits import give_back, longest_countdown
 from .options import TaskOptions
 from .republish import copy_signature, publish_again
@@ -81,6 +81,12 @@ def wait_for_earlier_run(
     )  # fmt: skip
     headers = kept_headers(request)
     headers[EARLIER_RUN_HEADER] = 1
+    # A hand-off copy keeps its waiter and copy ids: the earlier delivery may be its
+    # sibling (the wake or the fallback of the same waiter), and the claim, not only
+    # the stored state, must still tell them apart (no result backend, ignore_result).
+    for name in (WAITER_HEADER, COPY_HEADER):
+        if header(request, name):
+            headers[name] = header(request, name)
     why = f"waiting for an earlier delivery of this task: back in {countdown:.1f}s"
     return publish_again(task, copy_signature(task, headers), headers, countdown, why, None)
 
