@@ -41,6 +41,7 @@ __all__ = [
     "claim",
     "claim_command",
     "claim_verdict",
+    "may_be_claimed_by",
     "pop_command",
     "pop_next",
     "register",
@@ -73,12 +74,21 @@ def pop_command(key: str) -> Command:
     return Command(scripts.POP_WAITER, [queue_key(key)], [message_prefix(key)])
 
 
+def claim_key(key: str, waiter: str) -> str:
+    return f"{key}{INTERNAL}claim{INTERNAL}{waiter}"
+
+
 def claim_command(key: str, waiter: str, copy: str, ttl: float) -> Command:
     return Command(
         scripts.CLAIM_WAITER,
-        [f"{key}{INTERNAL}claim{INTERNAL}{waiter}", queue_key(key), message_prefix(key) + waiter],
+        [claim_key(key, waiter), queue_key(key), message_prefix(key) + waiter],
         [copy, ms(ttl), waiter],
     )
+
+
+def read_claim_command(key: str, waiter: str) -> Command:
+    """Read-only: ``{copy id or nil, pttl}`` of ``waiter``'s claim."""
+    return Command(scripts.HOLDER, [claim_key(key, waiter)], [])
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,27 @@ def claim(
         node.address: r for node, r in zip(nodes.nodes, results) if isinstance(r, BaseException)
     }
     return Claim(claim_verdict(results, copy, quorum), errors)
+
+
+def may_be_claimed_by(
+    nodes: NodeSet, quorum: int, key: str, waiter: str, copy: str, timeout: float
+) -> bool:
+    """Whether ``waiter``'s claim is, or may yet prove to be, ``copy``'s: False only
+    when the nodes' replies rule it out (another copy won it, or no node that answered
+    names ``copy``). One read round; changes nothing.
+
+    A claim is final once set, and only the message that won it carries its copy id:
+    when that message's run dies in the body and the broker delivers it again, no
+    other copy of the waiter can ever run it (tasks/handoff.py, ``keep_own_claim``).
+    """
+    results = nodes.round(read_claim_command(key, waiter), timeout)
+    values = [r[0] if isinstance(r, list) and r else r for r in results]
+    judged = claim_verdict(values, copy, quorum)
+    if judged in (CLAIM_WON, CLAIM_UNDECIDED):
+        return True
+    if judged == CLAIM_LOST:
+        return False
+    return any(_named(value) == copy for value in values)
 
 
 def _text(value: object) -> str:

@@ -16,6 +16,11 @@ task.py calls these:
   lock and claim runs; a later one gives the lock back and ends storing nothing
   (``Ignore``: the task id's result is the winner's). Claims are made under the lock,
   so they never race: with a minority of nodes down the claim is still decided.
+- :func:`keep_own_claim` -- a contended copy carrying a waiter id reads the claim: a
+  claim that is (or may be) its own copy id's was won by an earlier delivery of this
+  very message that died in the body (SIGKILL, redelivered by ``acks_late``): only
+  this message can still run the waiter, so it keeps its ids -- a wake does not go
+  back in the queue, a fallback takes no new copy id.
 - :func:`claim_to_give_up` -- a copy carrying a waiter id whose lock retries ran out
   claims the id before it skips or fails (a woken copy may still run the body).
 - :func:`wake_next` -- after a release, pop the earliest waiter and publish its
@@ -62,6 +67,7 @@ __all__ = [
     "claim_copy",
     "claim_to_give_up",
     "is_woken",
+    "keep_own_claim",
     "publish_retry",
     "wake_next",
 ]
@@ -141,7 +147,7 @@ def _undecided(
     task: Any, key: str, options: TaskOptions, verdict: str, errors: dict[str, object]
 ) -> Union[LockContended, QuorumUnavailable]:
     """An undecided claim as the error a contended copy handles (it keeps its ids)."""
-    task.request.redlock_claim_undecided = True
+    task.request.redlock_keeps_ids = True
     if verdict == handoff.CLAIM_SPLIT:
         return LockContended(key, None, None, split=True)
     quorum = _redlock(task, options).quorum
@@ -157,13 +163,14 @@ def publish_retry(
     Not ``task.retry()``: that would spend the task's own ``max_retries`` budget and
     bump ``request.retries``, which the body may use for its own backoff. With
     hand-off on, the copy also waits in the key's queue under its waiter id (see the
-    module docstring); a copy whose claim was undecided keeps its waiter and copy
-    ids instead, and registers nothing.
+    module docstring); a copy whose claim was undecided, or is its own (see
+    :func:`keep_own_claim`), keeps its waiter and copy ids instead, and registers
+    nothing.
     """
     request = task.request
     headers = kept_headers(request)
     headers[RETRIES_HEADER] = attempt
-    keep = bool(getattr(request, "redlock_claim_undecided", False))
+    keep = bool(getattr(request, "redlock_keeps_ids", False))
     waiter: Optional[str] = None
     if keep:
         headers[WAITER_HEADER] = header(request, WAITER_HEADER)
@@ -182,6 +189,31 @@ def publish_retry(
     if waiter is not None:
         _look_again(task, key, options)
     return ended
+
+
+def keep_own_claim(task: Any, key: str, options: TaskOptions) -> None:
+    """A contended copy carrying a waiter id: mark it to keep its waiter and copy ids
+    when the waiter's claim is, or may be, its own. Only one message carries the
+    claim's copy id, and its run died in the body if it meets the lock again (the
+    broker delivered it anew: ``acks_late`` with a killed worker or pool child, a
+    visibility timeout): every other copy of the waiter would lose the claim and be
+    dropped, so the task would never end. Kept, it retries as a fallback does, with
+    the same ids, and wins its claim once it wins the lock. One read round; a read
+    that fails keeps the ids too."""
+    request = task.request
+    waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
+    if not waiter or not copy or request.is_eager or getattr(request, "redlock_keeps_ids", False):
+        return
+    try:
+        redlock = _redlock(task, options)
+        mine = handoff.may_be_claimed_by(
+            redlock.node_set, redlock.quorum, key, str(waiter), str(copy), redlock.node_timeout
+        )
+    except Exception:  # cannot tell: keeping the ids loses nothing but the queue's hint
+        logger.debug("hand-off: reading the claim of %s failed", key, exc_info=True)
+        mine = True
+    if mine:
+        request.redlock_keeps_ids = True
 
 
 def is_woken(task: Any) -> bool:

@@ -243,7 +243,7 @@ class RedlockTask(Task):  # type: ignore[misc]
         redlock = config.redlock(options.node_timeout, options.fencing)
         request.redlock_inline_attempts = 0
         request.redlock_wait_until = None
-        request.redlock_claim_undecided = False  # handoff.py: keep the waiter's ids
+        request.redlock_keeps_ids = False  # handoff.py: keep the waiter's ids
         request.redlock_skipped = self._redlock_once_per_tick(
             config.key_prefix, options, redlock, holder
         )
@@ -344,7 +344,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         split = isinstance(exc, LockContended) and exc.split
         if holder and not (split or request.is_eager) and redelivery.is_earlier_run(self, holder):
             raise redelivery.wait_for_earlier_run(self, key, options, holder, ttl)
-        if waiting.is_woken(self) and not (outage or request.redlock_claim_undecided):
+        waiting.keep_own_claim(self, key, options)  # a redelivered claimant keeps its ids
+        if waiting.is_woken(self) and not (outage or request.redlock_keeps_ids):
             raise waiting.back_in_queue(self, key, options, holder, ttl)
         eager_left = None
         if request.is_eager and not self._redlock_inline_wait_over(ttl, options.ttl):
