@@ -14,12 +14,18 @@ was sent less than :data:`TRANSPORT_WINDOW_NS` before a whole worker was SIGKILL
 counted apart as ``lost_in_transport``: kombu's Redis transport pops a message (BRPOP)
 and only then records it as unacked (ZADD + HSET, from the worker), so a worker killed
 between the two takes the message with it -- below Celery, and outside what a lock
-can see. It is reported, with its evidence, but is not a violation.
+can see. It is reported, with its evidence, but is not a violation. The same holds
+for a job that ran nothing and whose last copy a worker published again (a lock retry,
+a wait for an earlier delivery) and logged ``ignored``, no worker logging that copy
+received, when a whole worker was SIGKILLed between that publish and
+:data:`TRANSPORT_WINDOW_NS` after it: the worker log's wall-clock time is put on the
+faults' clock (both are read on this machine).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +40,8 @@ from .jobs import Job, Seen
 
 #: How soon after a job was sent a whole-worker SIGKILL may have taken it in transit.
 TRANSPORT_WINDOW_NS = 1_000_000_000
+#: A worker log line's time: ``[2026-11-28 06:11:35,743: ...`` (local time, ms).
+LOG_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}):")
 
 
 def outcome(job: Job) -> str:
@@ -184,7 +192,7 @@ def account(
     errors = Counter(_error_name(job) for job in jobs if job.state == "FAILURE")
     redelivered = {tid: n for tid, n in seen.runs.items() if n > 1}
     found, unaccounted = find_overlaps(tags, seen, faults)
-    lost = [
+    lost: list[dict[str, Any]] = [
         {
             "task_id": job.task_id,
             "mode": job.mode,
@@ -203,10 +211,15 @@ def account(
         for job in jobs
         if outcome(job) == "lost"
     ]
+    wall_minus_monotonic = time.time_ns() - time.monotonic_ns()
     in_transport = [
         job["task_id"]
         for job in lost
-        if not job["bodies_begun"] and not job["log"] and _killed_in_transit(job, faults)
+        if not job["bodies_begun"]
+        and (
+            (not job["log"] and _killed_in_transit(job["sent_ns"], faults))
+            or _republished_in_transit(job["log"], faults, wall_minus_monotonic)
+        )
     ]
     stale = [r for r in seen.refused]
     return {
@@ -231,11 +244,34 @@ def account(
     }
 
 
-def _killed_in_transit(job: dict[str, Any], faults: Sequence[Fault]) -> bool:
-    sent = job["sent_ns"]
+def _killed_in_transit(sent: int, faults: Sequence[Fault]) -> bool:
     return any(
         f.kind == "worker_kill" and 0 <= f.start - sent <= TRANSPORT_WINDOW_NS for f in faults
     )
+
+
+def _republished_in_transit(
+    log: Sequence[str], faults: Sequence[Fault], wall_minus_monotonic: int
+) -> bool:
+    """The job's log ends with a copy published again (a ``->`` line, logged just
+    before the publish, then ``ignored``, just after) that no worker logged received,
+    and a whole worker was SIGKILLed from that publish to the window after it."""
+    if len(log) < 2 or "ignored" not in log[-1] or "->" not in log[-2]:
+        return False
+    before, after = _log_time_ns(log[-2]), _log_time_ns(log[-1])
+    if before is None or after is None:
+        return False
+    earliest = before - wall_minus_monotonic - 1_000_000  # the log keeps whole ms
+    latest = after - wall_minus_monotonic + 1_000_000 + TRANSPORT_WINDOW_NS
+    return any(f.kind == "worker_kill" and earliest <= f.start <= latest for f in faults)
+
+
+def _log_time_ns(line: str) -> Optional[int]:
+    match = LOG_TIME.search(line)
+    if match is None:
+        return None
+    seconds = time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
+    return int(seconds) * 1_000_000_000 + int(match.group(2)) * 1_000_000
 
 
 def crashes(log_paths: dict[str, str]) -> list[str]:
