@@ -37,14 +37,18 @@ __all__ = [
 AcquireArguments = tuple[Keys, float, Optional[float], Optional[str], str]
 
 
-def outlasts_a_round(ttl: float, node_timeout: float) -> float:
+def outlasts_a_round(
+    ttl: float, node_timeout: float, names: tuple[str, str] = ("ttl", "node_timeout")
+) -> float:
     """``ttl``, checked against ``node_timeout``: a lease that one round could outlast
-    is never valid (the constructor's ttl and acquire's per-call ttl alike)."""
+    is never valid (the constructor's ttl, acquire's per-call ttl, a task's options
+    alike; ``names``: what the caller calls the two)."""
     if node_timeout >= ttl:
+        ttl_name, timeout_name = names
         raise ConfigurationError(
-            f"node_timeout ({node_timeout}s) must be smaller than ttl ({ttl}s): a lease "
-            "must outlast a round; keep node_timeout a small fraction of ttl (e.g. 5-50 ms "
-            "for a 10 s ttl)"
+            f"{timeout_name} ({node_timeout}s) must be smaller than {ttl_name} ({ttl}s): "
+            f"a lease must outlast a round; keep {timeout_name} a small fraction of "
+            f"{ttl_name} (e.g. 5-50 ms for a 10 s {ttl_name})"
         )
     return ttl
 

@@ -20,7 +20,8 @@ Scopes: ``app`` -- an app-wide setting in ``app.conf`` only; ``task`` -- an app-
 default in ``app.conf`` that a task may override; ``beat`` -- an app-wide setting or a
 scheduler class attribute, checked when beat starts (beat.py), never by a worker.
 
-Imports validate.py and errors.py only (no Celery, no Redis).
+Imports lock/validate.py, lock/settings.py (the one ttl-against-node_timeout rule) and
+errors.py only (no Celery, no Redis).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterable, Literal, Optional, Union
 
 from ..errors import ConfigurationError
 from ..lock import validate
+from ..lock.settings import outlasts_a_round
 
 __all__ = [
     "DEFAULTS",
@@ -318,11 +320,7 @@ class TaskOptions:
 def task_options(values: dict[str, Any]) -> TaskOptions:
     """Turn raw ``redlock_*`` values into TaskOptions, or raise naming the bad one."""
     options = TaskOptions(**{BY_NAME[n].field: checked(n, values[n]) for n in TASK_OPTIONS})
-    if options.node_timeout >= options.ttl:
-        raise ConfigurationError(
-            f"redlock_node_timeout ({options.node_timeout}s) must be smaller than "
-            f"redlock_ttl ({options.ttl}s)"
-        )
+    outlasts_a_round(options.ttl, options.node_timeout, ("redlock_ttl", "redlock_node_timeout"))
     if options.limit == validate.UNLIMITED and options.rate is None:
         raise ConfigurationError(
             f'redlock_limit="{validate.UNLIMITED}" needs redlock_rate: with neither, '
