@@ -23,22 +23,30 @@ SKIPPED = "SKIPPED"
 
 
 def skipped_result(
-    key: str, holder: Optional[str], reason: str, retries_exhausted: bool = False
+    key: str,
+    holder: Optional[str],
+    reason: str,
+    retries_exhausted: bool = False,
+    until: Optional[float] = None,
 ) -> dict[str, Any]:
     """The return value of a skipped copy.
 
     ``key`` is the lock it met, ``holder`` who held it (``task-id@worker:pid``; None
     when unknown, e.g. the lock nodes were unreachable), ``reason`` a sentence saying
     why, ``retries_exhausted`` whether the copy retried ``redlock_max_retries`` times
-    before giving up.
+    before giving up. A copy skipped inside a cooldown (``redlock_cooldown``) also
+    carries ``until``: when the cooldown ends, in epoch seconds.
     """
-    return {
+    marker: dict[str, Any] = {
         "redlock": SKIPPED,
         "key": key,
         "holder": holder,
         "reason": reason,
         "retries_exhausted": retries_exhausted,
     }
+    if until is not None:
+        marker["until"] = until
+    return marker
 
 
 def is_skipped(value: object) -> bool:

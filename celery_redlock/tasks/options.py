@@ -139,7 +139,7 @@ OPTIONS: tuple[Option, ...] = (
         "task",
         "how many bodies may run at once per lock key across every worker (1 to 1000; "
         '1: a mutex); each holds its own lease on one of the key\'s permits. `"unlimited"`: '
-        "no such limit, with `redlock_rate` only",
+        "no such limit, with `redlock_rate` or `redlock_cooldown` only",
     ),
     Option(
         "redlock_rate",
@@ -150,6 +150,18 @@ OPTIONS: tuple[Option, ...] = (
         '`"100/m"`, `"1000/h"`, `"5/10s"` or `(count, seconds)`; on the lock nodes\' '
         "clocks. A copy over the rate comes back when the window admits it, without "
         "spending `redlock_max_retries`",
+    ),
+    Option(
+        "redlock_cooldown",
+        None,
+        partial(validate.optional_seconds, wording=validate.SETTING),
+        "task",
+        "after a body of a lock key starts, no other body of that key starts for this "
+        "long, across every worker, on the lock nodes' clocks. A copy inside it follows "
+        '`redlock_on_contended`: `"skip"` (the marker\'s `until` says when it ends), '
+        '`"retry"` (comes back then, spending no lock retry) or `"fail"`; a beat tick '
+        "inside it is skipped",
+        unit="s",
     ),
     Option(
         "redlock_on_contended",
@@ -302,6 +314,7 @@ class TaskOptions:
     ttl: float
     limit: Union[int, str]
     rate: Optional[tuple[int, float]]
+    cooldown: Optional[float]
     on_contended: str
     retry_backoff: float
     retry_backoff_max: float
@@ -321,11 +334,11 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
     """Turn raw ``redlock_*`` values into TaskOptions, or raise naming the bad one."""
     options = TaskOptions(**{BY_NAME[n].field: checked(n, values[n]) for n in TASK_OPTIONS})
     outlasts_a_round(options.ttl, options.node_timeout, ("redlock_ttl", "redlock_node_timeout"))
-    if options.limit == validate.UNLIMITED and options.rate is None:
+    if options.limit == validate.UNLIMITED and options.rate is None and options.cooldown is None:
         raise ConfigurationError(
-            f'redlock_limit="{validate.UNLIMITED}" needs redlock_rate: with neither, '
-            "nothing would limit the task (give a rate, or a limit from 1 to "
-            f"{validate.MAX_PERMITS})"
+            f'redlock_limit="{validate.UNLIMITED}" needs redlock_rate or redlock_cooldown: '
+            "without, nothing would limit the task (give a rate, a cooldown, or a limit "
+            f"from 1 to {validate.MAX_PERMITS})"
         )
     if options.retry_backoff_max < options.retry_backoff:
         raise ConfigurationError(

@@ -81,8 +81,8 @@ from ..lock import reentry
 from ..lock.redlock import Lease, Redlock
 from ..lock.watchdog import get_watchdog
 from ..skipped import SKIPPED, is_skipped, skipped_result
+from . import cooldown, limits, queue_once, redelivery
 from . import handoff as waiting
-from . import limits, queue_once, redelivery
 from .call_options import once_task_options
 from .config import app_config
 from .contention import acquire_or_contended, retry_countdown, verdict
@@ -257,8 +257,15 @@ class RedlockTask(Task):  # type: ignore[misc]
                 waiting.claim_copy(self, key, options, lease)  # Ignore: another copy ran
                 redelivery.drop_if_finished_earlier(self, key, options, lease)
                 limits.admit_start(self, key, options, redlock, holder, lease)
+                request.redlock_skipped = cooldown.admit_cooldown(
+                    self, config.key_prefix, key, options, redlock, holder, lease
+                )
+                if request.redlock_skipped is not None:
+                    return
                 break
             except (LockContended, QuorumUnavailable) as exc:
+                if cooldown.is_cooldown(exc):
+                    raise  # redlock_on_contended="fail" inside a cooldown: decided there
                 holder_seen = exc.holder if isinstance(exc, LockContended) else None
                 ttl = exc.ttl if isinstance(exc, LockContended) else None
                 request.redlock_skipped = self._redlock_contended(

@@ -126,6 +126,24 @@ SETTING_CASES = [
         ("redlock_on_queued must be one of 'return', 'raise'", "got 'ignore'"),
     ),
     SettingCase(
+        "cooldown-zero",
+        {"redlock_cooldown": 0},
+        True,
+        ("redlock_cooldown must be > 0 seconds or None", "got 0"),
+    ),
+    SettingCase(
+        "cooldown-text",
+        {"redlock_cooldown": "1h"},
+        True,
+        ("redlock_cooldown must be a finite number of seconds (int, float or timedelta)",),
+    ),
+    SettingCase(
+        "unlimited-without-rate-or-cooldown",
+        {"redlock_limit": "unlimited"},
+        True,
+        ('redlock_limit="unlimited" needs redlock_rate or redlock_cooldown',),
+    ),
+    SettingCase(
         "node-timeout-not-below-ttl",
         {"redlock_node_timeout": 30},
         True,

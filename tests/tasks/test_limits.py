@@ -1,9 +1,8 @@
 """``redlock_limit`` and ``redlock_rate`` with an embedded worker, a real Redis broker
 and 5 real lock nodes.
 
-The bodies report to an observer that is not the lock: an occupancy counter on the
-broker's Redis (INCR on entry, its highest value kept, DECR on exit) and a list of
-start times read from that Redis' own clock (TIME).
+The bodies report to an observer that is not the lock (tests/support/starts.py), on
+the broker's Redis.
 """
 
 from __future__ import annotations
@@ -13,52 +12,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
-from celery_redlock import ConfigurationError, LockContended, RedlockTask, signals
+from celery_redlock import ConfigurationError, LockContended, signals
 from celery_redlock.skipped import is_skipped
 from celery_redlock.tasks.limits import longest_countdown
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.appfixture import worker_test_app
-
-ENTER = """
-local inside = redis.call('incr', KEYS[1])
-if inside > tonumber(redis.call('get', KEYS[2]) or '0') then
-  redis.call('set', KEYS[2], inside)
-end
-local now = redis.call('time')
-redis.call('rpush', KEYS[3], now[1] * 1000000 + now[2])
-return inside
-"""
+from tests.support.starts import Observer, most_in_window, observed_task
 
 
 @pytest.fixture
 def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     yield from worker_test_app("redlock_limits", broker, redis_nodes, 0.05, 0.3)
-
-
-class Observer:
-    """The bodies' report, on the broker's Redis."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.enter_script = client.register_script(ENTER)
-
-    def enter(self, tag: str) -> None:
-        self.enter_script(keys=[f"in:{tag}", f"max:{tag}", f"starts:{tag}"])
-
-    def leave(self, tag: str) -> None:
-        self.client.decr(f"in:{tag}")
-
-    def most_inside(self, tag: str) -> int:
-        return int(self.client.get(f"max:{tag}") or 0)
-
-    def starts(self, tag: str) -> list[int]:
-        """Start times in µs, by the observer's clock, in order."""
-        return sorted(int(s) for s in self.client.lrange(f"starts:{tag}", 0, -1))
 
 
 @pytest.fixture
@@ -85,32 +53,14 @@ def contended() -> Iterator[list[dict[str, Any]]]:
     signals.lock_contended.disconnect(receiver)
 
 
-def _define(app: Celery, observer: Observer, name: str, **options: Any) -> Any:
-    def body(tag: str, seconds: float = 0.0, n: int = 0) -> int:
-        observer.enter(tag)
-        time.sleep(seconds)
-        observer.leave(tag)
-        return n
-
-    return app.task(shared=False, base=RedlockTask, name=name, redlock_ttl=5, **options)(body)
-
-
 def _results(results: list[AsyncResult], timeout: float) -> list[Any]:
     return [r.get(timeout=timeout, propagate=False) for r in results]
-
-
-def _most_in_window(starts: list[int], period_us: int) -> int:
-    """The most starts in any window of ``period_us`` (every start opens one)."""
-    most = 0
-    for i, first in enumerate(starts):
-        most = max(most, sum(1 for s in starts[i:] if s < first + period_us))
-    return most
 
 
 def test_a_limit_of_3_runs_3_at_a_time_and_every_copy(
     app: Celery, observer: Observer, contended: list[dict[str, Any]]
 ) -> None:
-    job = _define(app, observer, "l.three", redlock_key="api:{tag}", redlock_limit=3)
+    job = observed_task(app, observer, "l.three", redlock_key="api:{tag}", redlock_limit=3)
     with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False):
         results = [job.delay("api", 0.3, n) for n in range(12)]
         assert _results(results, 60) == list(range(12))
@@ -127,7 +77,7 @@ def test_a_limit_of_3_runs_3_at_a_time_and_every_copy(
 
 
 def test_a_skipping_copy_over_the_limit_ends_skipped(app: Celery, observer: Observer) -> None:
-    job = _define(
+    job = observed_task(
         app, observer, "l.skip", redlock_key="s:{tag}", redlock_limit=2,
         redlock_on_contended="skip",
     )  # fmt: skip
@@ -143,8 +93,8 @@ def test_a_skipping_copy_over_the_limit_ends_skipped(app: Celery, observer: Obse
 def test_callers_of_one_key_with_different_limits_fail_visibly(
     app: Celery, observer: Observer
 ) -> None:
-    three = _define(app, observer, "l.k3", redlock_key="k:{tag}", redlock_limit=3)
-    two = _define(app, observer, "l.k2", redlock_key="k:{tag}", redlock_limit=2)
+    three = observed_task(app, observer, "l.k3", redlock_key="k:{tag}", redlock_limit=3)
+    two = observed_task(app, observer, "l.k2", redlock_key="k:{tag}", redlock_limit=2)
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
         first = three.delay("k", 2.0)
         deadline = time.monotonic() + 10
@@ -161,7 +111,7 @@ def test_a_rate_holds_in_every_window_and_spends_no_lock_retry(
 ) -> None:
     # redlock_max_retries=0: a copy that met a *held lock* would fail at once; copies
     # over the *rate* must all come back and run.
-    job = _define(
+    job = observed_task(
         app, observer, "r.five", redlock_key="rate:{tag}", redlock_limit="unlimited",
         redlock_rate="5/s", redlock_max_retries=0,
     )  # fmt: skip
@@ -171,7 +121,7 @@ def test_a_rate_holds_in_every_window_and_spends_no_lock_retry(
     starts = observer.starts("r")
     assert len(starts) == 20
     # The observer reads its clock a moment after the start: a round trip at most.
-    assert _most_in_window(starts, 1_000_000 - 5_000) <= 5
+    assert most_in_window(starts, 1_000_000 - 5_000) <= 5
     waits = contended
     assert waits and {w["action"] for w in waits} == {"wait"}
     assert {w["limit"] for w in waits} == {"rate 5/s"}
@@ -179,27 +129,27 @@ def test_a_rate_holds_in_every_window_and_spends_no_lock_retry(
 
 
 def test_limit_and_rate_combine(app: Celery, observer: Observer) -> None:
-    job = _define(
+    job = observed_task(
         app, observer, "r.both", redlock_key="both:{tag}", redlock_limit=2,
         redlock_rate=(4, 1.0),
     )  # fmt: skip
     with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False):
         assert _results([job.delay("b", 0.2, n) for n in range(10)], 60) == list(range(10))
     assert observer.most_inside("b") <= 2
-    assert _most_in_window(observer.starts("b"), 1_000_000 - 5_000) <= 4
+    assert most_in_window(observer.starts("b"), 1_000_000 - 5_000) <= 4
 
 
 def test_eager_copies_wait_inline_for_the_rate(app: Celery, observer: Observer) -> None:
     app.conf.task_always_eager = True
-    job = _define(app, observer, "r.eager", redlock_key="e:{tag}", redlock_rate="2/s")
+    job = observed_task(app, observer, "r.eager", redlock_key="e:{tag}", redlock_rate="2/s")
     assert [job.delay("e", 0.0, n).get() for n in range(5)] == list(range(5))
     starts = observer.starts("e")
-    assert _most_in_window(starts, 1_000_000 - 5_000) <= 2
+    assert most_in_window(starts, 1_000_000 - 5_000) <= 2
     assert starts[-1] - starts[0] >= 1_000_000 - 5_000  # the fifth waited a window
 
 
 def test_a_failing_copy_over_the_limit_fails_naming_it(app: Celery, observer: Observer) -> None:
-    job = _define(
+    job = observed_task(
         app, observer, "l.fail", redlock_key="f:{tag}", redlock_limit=1 + 1,
         redlock_on_contended="fail",
     )  # fmt: skip
