@@ -1,5 +1,6 @@
 """The Celery app that tests/workers/test_limits_workers.py runs in real ``celery
-worker`` subprocesses: tasks with ``redlock_limit`` and ``redlock_rate``.
+worker`` subprocesses: tasks with ``redlock_limit``, ``redlock_rate`` and
+``redlock_cooldown``.
 
 Made by tests/apps/factory.py (environment, observer, task bodies: see there). Every
 body is :func:`~tests.apps.factory.pool_body`: it reports its entry, its stay and its
@@ -22,6 +23,8 @@ from tests.apps.factory import observer, pool_body, redlock_task, worker_app
 LIMIT = 3
 #: At most this many starts of one tag per second.
 RATE = 20
+#: One start per this many seconds per tag (the cooled task), others skipped.
+COOLDOWN = 3.0
 #: The lease of the limited tasks, seconds: a killed holder's permit frees within it.
 TTL = 2.0
 
@@ -78,4 +81,9 @@ limited_handoff = _task("limited_handoff", "limh:{tag}", redlock_limit=LIMIT, re
 rated = _task(
     "rated", "rate:{tag}", base=AdmittedTask, redlock_limit="unlimited",
     redlock_rate=f"{RATE}/s",
+)  # fmt: skip
+#: One start per COOLDOWN seconds per tag; a copy inside the cooldown is skipped.
+cooled = _task(
+    "cooled", "cool:{tag}", base=AdmittedTask, redlock_limit="unlimited",
+    redlock_cooldown=COOLDOWN, redlock_on_contended="skip",
 )  # fmt: skip

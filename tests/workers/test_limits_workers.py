@@ -1,5 +1,5 @@
-"""``redlock_limit`` and ``redlock_rate`` in real ``celery worker`` subprocesses
-(prefork and gevent), with faults: a lock node SIGSTOPped mid-run, a holder SIGKILLed.
+"""``redlock_limit``, ``redlock_rate`` and ``redlock_cooldown`` in real ``celery worker``
+subprocesses (prefork and gevent), with faults: a lock node SIGSTOPped mid-run, a holder SIGKILLed.
 
 tests/apps/limitsapp.py runs against a real Redis broker, 5 real lock nodes and a
 third Redis, the observer. The limit and the rate are judged from what the bodies
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -78,14 +79,15 @@ def most_in_window(times: Sequence[int], window: int) -> int:
 
 @contextmanager
 def fault(
-    stack: Stack, launch: Launch, pool: Pool, kind: str, counter: str
+    stack: Stack, launch: Launch, pool: Pool, kind: str, counter: str, after: int = 4
 ) -> Iterator[list[Interval]]:
-    """Inject ``kind`` once the run is under way; yields the spans of killed bodies
+    """Inject ``kind`` once ``after`` bodies began; yields the spans of killed bodies
     (their start until the kill), filled in when the fault happened."""
     killed: list[Interval] = []
     stopped = None
     if kind != "none":
-        eventually(lambda: len(starts(stack.observer, counter)) >= 4, 60, "four bodies began")
+        began = lambda: len(starts(stack.observer, counter)) >= after  # noqa: E731
+        eventually(began, 60, f"{after} bodies began")
     if kind == "node-stopped":
         stopped = stack.nodes[0]
         stopped.pause()
@@ -181,4 +183,54 @@ def test_a_rate_of_20_per_second_over_200_copies_holds_in_every_window(
         f"{drained:.0%} of the rate, {comebacks / 200:.1f} come-backs per task, "
         f"most admitted in a 1 s window {most_in_window(admitted, 1_000_000_000)}, most "
         f"bodies begun in one {most_in_window(began, 1_000_000_000)}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool", "kind"),
+    [
+        pytest.param(pool.values[0], kind, id=f"{pool.id}-{kind}")
+        for pool in POOLS
+        for kind in FAULTS
+        if not (pool.id == "gevent" and kind == "holder-killed")  # as above
+    ],
+)
+def test_a_cooldown_of_3s_over_50_copies_in_10s_keeps_starts_apart(
+    stack: Stack, launch: Launch, pool: Pool, kind: str
+) -> None:
+    launch("limitsapp", pool.workers, pool=pool.name, concurrency=pool.concurrency)
+    counter = f"cool-{kind}"
+    seconds = 1.0 if kind == "holder-killed" else 0.1  # a body there is to kill
+    results: list[AsyncResult] = []
+
+    def sender() -> None:  # 50 copies over 10 s, while the fault comes
+        for _ in range(50):
+            results.append(send(stack, "cooled", tag="c", seconds=seconds, counter=counter))
+            time.sleep(0.2)
+
+    sending = threading.Thread(target=sender)
+    sending.start()
+    try:
+        with fault(stack, launch, pool, kind, counter, after=2) as killed:
+            sending.join()
+            settle(stack, results, timeout=120)
+    finally:
+        sending.join()
+    admitted = sorted(int(t) for t in stack.observer.lrange(f"admitted:{counter}", 0, -1))
+    gaps = [(b - a) / 1e9 for a, b in zip(admitted, admitted[1:])]
+    assert len(admitted) >= 3 and min(gaps) >= limitsapp.COOLDOWN, gaps
+    outcomes = [r.result for r in results]
+    skipped = [o for o in outcomes if o.get("redlock") == "SKIPPED"]
+    for marker in skipped:  # each names the key and when the cooldown ends
+        assert marker["key"].endswith("cool:c") and "cooldown of 3s" in marker["reason"]
+        assert marker["until"] > 0
+    executed = runs(stack.observer, counter)
+    assert len(skipped) + len(executed) >= 50 and sum(executed.values()) == len(admitted)
+    # A killed body's task was delivered again: skipped inside the cooldown its own
+    # start began, or run once it had passed (the gaps above hold either way).
+    assert len(killed) == (kind == "holder-killed")
+    print(
+        f"cooldown {limitsapp.COOLDOWN:g}s, {pool.name} {pool.workers}x-c{pool.concurrency}, "
+        f"fault {kind}: 50 tasks SUCCESS, {len(admitted)} starts, {len(skipped)} skipped, "
+        f"shortest gap {min(gaps):.2f}s"
     )
