@@ -14,8 +14,8 @@ What you get (prefix ``celery_redlock_``; label ``task`` is the task name)::
     acquire_seconds{task}           histogram  time to win the lock (0.5 ms .. 1 s buckets)
     contended_total{task,action}    counter    duplicates that met a held lock;
                                                action = retry | skip | fail | wait
-    limited_total{task,kind}        counter    copies turned away by a limit or rate:
-                                               kind = limit | rate
+    limited_total{task,kind}        counter    copies turned away by a limit, rate or
+                                               cooldown: kind = limit | rate | cooldown
     extended_total{task}            counter    watchdog renewals
     lost_total{task}                counter    leases lost while the task ran
     hold_seconds{task}              histogram  acquire to release (0.1 s .. 6 h buckets)
@@ -168,7 +168,8 @@ class RedlockMetrics:
         self.limited_total = Counter(
             "celery_redlock_limited",
             "Task executions turned away because every permit of their key was taken "
-            "(kind=limit) or its rate was reached (kind=rate; they come back later).",
+            "(kind=limit), its rate was reached (kind=rate; they come back later) or its "
+            "cooldown had not passed (kind=cooldown).",
             ["task", "kind"],
             registry=registry,
         )
@@ -251,7 +252,7 @@ class RedlockMetrics:
     ) -> None:
         task = _task_name(sender)
         self.contended_total.labels(task, str(action)).inc()
-        if limit:  # "limit 5/5" or "rate 100/m": its first word is the kind
+        if limit:  # "limit 5/5", "rate 100/m", "cooldown of 3s": the first word is the kind
             self.limited_total.labels(task, str(limit).split()[0]).inc()
 
     def _on_extended(self, sender: Any = None, **_: Any) -> None:

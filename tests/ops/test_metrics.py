@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_redlock import RedlockTask, metrics, signals
+from celery_redlock import RedlockTask, is_skipped, metrics, signals
 from celery_redlock.testing import RedisNodes, RedisServer
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -101,6 +101,9 @@ def _define(app: Celery, gates: dict[str, threading.Event]) -> dict[str, Any]:
         "rated": app.task(name="m.rated", redlock_limit="unlimited", redlock_rate="1/m", **common)(
             hold
         ),
+        "cooled": app.task(
+            name="m.cooled", redlock_cooldown=60, redlock_on_contended="skip", **common
+        )(hold),
     }
 
 
@@ -584,7 +587,7 @@ def test_the_rest_of_the_package_never_imports_metrics() -> None:
     assert done.stdout.strip() == "['prometheus_client']"  # only our blocker
 
 
-def test_copies_turned_away_by_a_limit_or_a_rate_are_counted_by_kind(
+def test_copies_turned_away_by_a_limit_a_rate_or_a_cooldown_are_counted_by_kind(
     worker: Any,
     tasks: dict[str, Any],
     registry: CollectorRegistry,
@@ -610,3 +613,8 @@ def test_copies_turned_away_by_a_limit_or_a_rate_are_counted_by_kind(
     later.revoke()
     assert _value(registry, "celery_redlock_limited_total", task="m.rated", kind="rate") == 1
     assert _value(registry, "celery_redlock_contended_total", task="m.rated", action="wait") == 1
+    # A cooldown of a minute: the first copy starts, the second is skipped.
+    assert _wait(tasks["cooled"].delay(0, tag="c")) == "ran"
+    assert is_skipped(_wait(tasks["cooled"].delay(0, tag="c")))
+    assert _value(registry, "celery_redlock_limited_total", task="m.cooled", kind="cooldown") == 1
+    assert _value(registry, "celery_redlock_contended_total", task="m.cooled", action="skip") == 1
