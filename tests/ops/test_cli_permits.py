@@ -22,6 +22,7 @@ from celery_redlock.cli.common import glob_match
 from celery_redlock.cli.listing import scan_matches
 from celery_redlock.cli.permits import period_text, permit_name, read_terms
 from celery_redlock.lock.stored import LIMIT, RATE, permit_slot, permit_terms_record
+from celery_redlock.tasks.cooldown import cooldown_key
 from celery_redlock.testing import RedisNodes, RedisNodesFactory
 from tests.support.cli import doc, invoke, run_celery
 
@@ -544,3 +545,21 @@ def test_doctor_names_a_permit_slot_without_a_ttl(nodes: RedisNodes) -> None:
     (check,) = [c for c in node["checks"] if c["check"] == "lock-keys"]
     assert check["status"] == "ERROR"
     assert "--force --all-permits" in check["advice"]
+
+
+def test_a_cooldown_is_listed_with_its_end_and_a_forced_release_ends_it(
+    nodes: RedisNodes, lock: Redlock
+) -> None:
+    key = cooldown_key("redlock", "redlock:report:7")
+    assert key == "redlock:cooldown:report:7"
+    assert lock.admit(key, (1, 60.0), holder="task-1@worker-a:42") == 0.0
+    result = invoke(nodes.urls, "ls", "--pattern", "cooldown:*")
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith(key)]
+    head, _, frees = line.partition(" (next frees in ")
+    assert head == f"{key}  rate 1/1 per 1m in the window"
+    assert 55.0 < float(frees.rstrip("s)")) < 61.0, line
+    assert lock.admit(key, (1, 60.0)) > 0  # inside the cooldown
+    result = invoke(nodes.urls, "release", key, "--force", "--all-permits", input="y\n")
+    assert result.exit_code == 0, result.output
+    assert lock.admit(key, (1, 60.0)) == 0.0  # the cooldown has ended
