@@ -84,7 +84,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         RedisNodes(3) as nodes,
     ):
         env = app_env(broker.url, nodes, observer_server.url)
-        workers = launch_workers("redeliveryapp", ["w1", "w2"], logs, env, concurrency=1)
+        # Each worker also takes a queue of its own, for a test that must know which
+        # worker runs what (a message a busy -c 1 worker reserved waits for it).
+        workers = launch_workers(
+            "redeliveryapp", ["w1", "w2"], logs, env, queues=[["celery", "w1"], ["celery", "w2"]],
+            concurrency=1,
+        )  # fmt: skip
         client = Celery("redelivery_client", broker=broker.url, backend=broker.url)
         client.conf.broker_connection_retry_on_startup = True
         try:
@@ -233,8 +238,9 @@ def lock_keys(stack: Stack, key: str) -> list[list[str]]:
     return [sorted(str(k) for k in client.keys(key + "*")) for client in stack.node_clients]
 
 
-def send(stack: Stack, task: str, **kwargs: Any) -> AsyncResult:
-    return stack.client.send_task(f"redeliveryapp.{task}", kwargs=kwargs)
+def send(stack: Stack, task: str, queue: Optional[str] = None, **kwargs: Any) -> AsyncResult:
+    """Send ``task``; ``queue``: to that worker's own queue (``"w1"``, ``"w2"``)."""
+    return stack.client.send_task(f"redeliveryapp.{task}", kwargs=kwargs, queue=queue)
 
 
 def finished_earlier(stack: Stack, task_id: str) -> list[tuple[str, str]]:
@@ -530,13 +536,19 @@ def test_revoke_terminate_while_running_frees_the_lock_within_its_ttl(
     counter = f"terminate-{signame}"
     key = redeliveryapp.lock_key(counter)
     ttl = 2.0  # redeliveryapp.hold's lease
-    result = send(stack, "hold", tag=counter, seconds=30.0, counter=counter)
+    # The holder on one worker, the waiter on the other: sent to the shared queue, the
+    # waiter could be reserved by the holder's busy -c 1 worker (or by one busy with a
+    # copy an earlier test left). Each signal has its own holder's worker: a revoke's
+    # SIGKILL sent to a worker whose child had been terminated by SIGTERM before was
+    # seen to miss the running child (the body ran its 30 s; billiard's bookkeeping).
+    holder_on, waiter_on = ("w1", "w2") if signame == "SIGTERM" else ("w2", "w1")
+    result = send(stack, "hold", holder_on, tag=counter, seconds=30.0, counter=counter)
 
     def first(value: Optional[str]) -> bool:
         return value is not None and f"|{result.id}@" in value
 
     started(stack, counter, result.id)
-    waiter = send(stack, "hold", tag=counter, seconds=0.05, counter=counter + "-waiter")
+    waiter = send(stack, "hold", waiter_on, tag=counter, seconds=0.05, counter=counter + "-waiter")
     eventually(lambda: contended(stack, waiter.id), 15, "the waiter met the lock")
     looked = threading.Event()
     with ThreadPoolExecutor(1) as pool:
