@@ -8,20 +8,22 @@ task that skips, an enqueue that points at a "queued" copy, a beat that leaves a
 tick to "another beat" -- drops work nobody does. :func:`acquire_confirmed` trusts
 a holder only when a quorum of nodes agrees on it, and otherwise tries again after
 a short random pause, until a deadline. :func:`retry_countdown` says how long a
-copy that met a held lock waits before it tries again, and :func:`verdict` what a
-task's copy that met it does.
+copy that met a held lock waits before it tries again, :func:`verdict` what a
+task's copy that met it does, and :func:`report` logs and signals that verdict.
 
-Used by task.py, queue_once.py and beat.py. Imports redlock.py, errors.py and (for
-types) options.py: no Celery.
+Used by task.py, queue_once.py and beat.py. Imports redlock.py, errors.py,
+signals.py and (for types) options.py: no Celery.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from .. import signals
 from ..errors import LockContended, QuorumUnavailable
 from ..lock.redlock import Lease, Redlock
 
@@ -208,3 +210,52 @@ def verdict(
     else:
         then = "skipped" if action == "skip" else "failed"
     return Verdict(action, countdown, then, exhausted)
+
+
+# The name the task's own lines go under: users filter on it.
+logger = logging.getLogger("celery_redlock.task")
+
+
+def report(
+    task: Any,
+    key: str,
+    exc: Exception,
+    holder: Optional[str],
+    ttl: Optional[float],
+    decided: Verdict,
+    attempt: int,
+) -> None:
+    """Log the copy's ``decided`` verdict on meeting ``exc`` (an outage at ERROR,
+    contention at WARNING) and send ``lock_contended``."""
+    request = task.request
+    split = isinstance(exc, LockContended) and exc.split
+    left = f"{ttl:.1f}s" if ttl is not None else "unknown"
+    who, then = holder or "unknown", decided.then
+    if isinstance(exc, QuorumUnavailable):
+        logger.error(
+            "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
+            task.name, request.id, key, exc, then,
+        )  # fmt: skip
+    elif split:
+        logger.warning(
+            "lock contended: task %s[%s] key %s: vote split, nobody holds a quorum "
+            "(last refused by %s) -> %s",
+            task.name, request.id, key, who, then,
+        )  # fmt: skip
+    elif isinstance(exc, LockContended) and exc.limit:
+        logger.warning(
+            "lock contended: task %s[%s] key %s: %s taken by %s and others (one frees "
+            "in %s) -> %s",
+            task.name, request.id, key, exc.limit, who, left, then,
+        )  # fmt: skip
+    else:
+        logger.warning(
+            "lock contended: task %s[%s] key %s held by %s (%s left) -> %s",
+            task.name, request.id, key, who, left, then,
+        )  # fmt: skip
+    signals.lock_contended.send(
+        sender=task, task_id=request.id, key=key, holder=holder, ttl=ttl,
+        action=decided.action, countdown=decided.countdown,
+        attempt=attempt if decided.action == "retry" else None,
+        limit=exc.limit if isinstance(exc, LockContended) else None,
+    )  # fmt: skip

@@ -85,7 +85,7 @@ from . import cooldown, limits, queue_once, redelivery
 from . import handoff as waiting
 from .call_options import once_task_options
 from .config import app_config
-from .contention import acquire_or_contended, retry_countdown, verdict
+from .contention import acquire_or_contended, report, retry_countdown, verdict
 from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
 from .keys import lock_key, validate_spec
 from .options import (
@@ -361,44 +361,10 @@ class RedlockTask(Task):  # type: ignore[misc]
             options, attempt, ttl, outage=outage, eager=request.is_eager,
             eager_left=eager_left, split=split,
         )  # fmt: skip
-        action, countdown, then = decided.action, decided.countdown, decided.then
+        action, countdown = decided.action, decided.countdown
         if action != "retry":  # a woken copy of this waiter may run: claim it first
             waiting.claim_to_give_up(self, key, options, attempt)
-        if outage:
-            logger.error(
-                "lock nodes unavailable: task %s[%s] key %s: %s -> %s",
-                self.name, request.id, key, exc, then,
-            )  # fmt: skip
-        elif isinstance(exc, LockContended) and exc.limit and not split:
-            left = f"{ttl:.1f}s" if ttl is not None else "unknown"
-            logger.warning(
-                "lock contended: task %s[%s] key %s: %s taken by %s and others (one frees "
-                "in %s) -> %s",
-                self.name, request.id, key, exc.limit, holder or "unknown", left, then,
-            )  # fmt: skip
-        elif split:
-            logger.warning(
-                "lock contended: task %s[%s] key %s: vote split, nobody holds a quorum "
-                "(last refused by %s) -> %s",
-                self.name, request.id, key, holder or "unknown", then,
-            )  # fmt: skip
-        else:
-            left = f"{ttl:.1f}s" if ttl is not None else "unknown"
-            logger.warning(
-                "lock contended: task %s[%s] key %s held by %s (%s left) -> %s",
-                self.name, request.id, key, holder or "unknown", left, then,
-            )  # fmt: skip
-        signals.lock_contended.send(
-            sender=self,
-            task_id=request.id,
-            key=key,
-            holder=holder,
-            ttl=ttl,
-            action=action,
-            countdown=countdown,
-            attempt=attempt if action == "retry" else None,
-            limit=exc.limit if isinstance(exc, LockContended) else None,
-        )
+        report(self, key, exc, holder, ttl, decided, attempt)
         if action == "retry":
             assert countdown is not None
             if request.is_eager:
