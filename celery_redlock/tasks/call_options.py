@@ -1,7 +1,8 @@
 """One call's lock options, and celery-once's ``once`` spellings of them.
 
 ``apply_async(..., redlock={"on_queued": "raise", "queued_ttl": 120,
-"dedupe_queued": False})`` overrides the queue-once options for one call
+"dedupe_queued": False, "queued_until": "end"})`` overrides the queue-once options
+for one call
 (:data:`CALL_OPTIONS`); celery-once's ``apply_async(once={"graceful": ...,
 "timeout": ...})`` is accepted as an alias (:data:`ONCE_OPTIONS`), and so is its
 task-level ``once = {...}`` class attribute (:data:`ONCE_TASK_OPTIONS`), so that a
@@ -30,7 +31,9 @@ __all__ = [
 
 #: The task options one call may override: ``apply_async(..., redlock={"on_queued":
 #: "raise"})`` (keys: the names without ``redlock_``).
-CALL_OPTIONS: tuple[str, ...] = ("redlock_on_queued", "redlock_queued_ttl", "redlock_dedupe_queued")
+CALL_OPTIONS: tuple[str, ...] = (
+    "redlock_on_queued", "redlock_queued_ttl", "redlock_dedupe_queued", "redlock_queued_until",
+)  # fmt: skip
 
 #: celery-once's per-call ``apply_async(once={...})`` keys we accept, with their
 #: meaning here. A call that passes ``once=`` is a queue-once call (as every call of a
@@ -44,8 +47,8 @@ ONCE_OPTIONS: dict[str, str] = {
 #: per call): what to use here instead.
 ONCE_TASK_LEVEL = {
     "keys": "the task option redlock_key=[argument names]",
-    "unlock_before_run": "nothing: the queue place is always handed back when the task "
-    "starts (celery-once's unlock_before_run=True), and the run-time lock covers the run",
+    "unlock_before_run": 'the task option redlock_queued_until ("start" for True, "end" '
+    "for False), or redlock={'queued_until': ...} per call",
 }
 
 
@@ -56,8 +59,7 @@ ONCE_TASK_OPTIONS: dict[str, str] = {
     "graceful": 'redlock_on_queued ("return" for True, "raise" for False)',
     "timeout": "redlock_queued_ttl (seconds)",
     "keys": "redlock_key (a list of argument names)",
-    "unlock_before_run": "nothing: True or False, the queue place is handed back when "
-    "the task starts and the run-time lock covers the run",
+    "unlock_before_run": 'redlock_queued_until ("start" for True, "end" for False)',
 }
 
 
@@ -82,7 +84,7 @@ def once_task_options(task_name: str, once: Any) -> dict[str, Any]:
                 raise ConfigurationError(f"{shown} must be a list of argument names, got {value!r}")
             values["redlock_key"] = tuple(value)
         elif name == "unlock_before_run":
-            validate.flag(shown, value)
+            values["redlock_queued_until"] = "start" if validate.flag(shown, value) else "end"
         else:
             raise ConfigurationError(f"{shown}: unknown key; accepted: {names}")
     return values

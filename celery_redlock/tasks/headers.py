@@ -19,6 +19,7 @@ __all__ = [
     "EARLIER_RUN_HEADER",
     "ENTRY_HEADER",
     "QUEUED_HEADER",
+    "QUEUED_UNTIL_HEADER",
     "RETRIES_HEADER",
     "TICK_HEADER",
     "WAITER_HEADER",
@@ -33,8 +34,10 @@ TICK_HEADER = "redlock_beat_tick"
 ENTRY_HEADER = "redlock_beat_entry"
 #: Lock retries so far (kept apart from the task's own ``retries``).
 RETRIES_HEADER = "redlock_retries"
-#: The queued lock's value (queue once), for handing the queue place back.
+#: The queued lock's value (queue once), for handing the queue place back...
 QUEUED_HEADER = "redlock_queued"
+#: ...and ``"end"`` when it is handed back when the run ends, not when it starts.
+QUEUED_UNTIL_HEADER = "redlock_queued_until"
 #: Hand-off (tasks/handoff.py): the waiter id this copy is one of two messages for...
 WAITER_HEADER = "redlock_waiter"
 #: ...this message's own copy id (a redelivery keeps it)...
@@ -47,12 +50,13 @@ WOKEN_HEADER = "redlock_woken"
 EARLIER_RUN_HEADER = "redlock_earlier_run"
 
 #: What a copy published again keeps of its message's headers: its lock retries, its
-#: beat tick, its place in a hand-off queue, its queue-once place, its earlier run.
+#: beat tick, its place in a hand-off queue, its queue-once place (and until when it
+#: keeps it), its earlier run.
 #: (A hand-off waiter's and copy's ids, and whether it was woken, are the message's
 #: own: handoff.py decides.)
 KEPT_HEADERS = (
     RETRIES_HEADER, TICK_HEADER, ENTRY_HEADER, ARRIVAL_HEADER, QUEUED_HEADER,
-    EARLIER_RUN_HEADER,
+    QUEUED_UNTIL_HEADER, EARLIER_RUN_HEADER,
 )  # fmt: skip
 
 

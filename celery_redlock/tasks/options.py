@@ -52,6 +52,7 @@ Scope = Literal["app", "task", "beat"]
 ON_CONTENDED = ("retry", "skip", "fail")
 ON_EXHAUSTED = ("fail", "skip")
 ON_QUEUED = ("return", "raise")
+QUEUED_UNTIL = ("start", "end")
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,16 @@ OPTIONS: tuple[Option, ...] = (
         "`AlreadyQueued`",
     ),
     Option(
+        "redlock_queued_until",
+        "start",
+        partial(validate.choice, accepted=QUEUED_UNTIL),
+        "task",
+        'queue once: a copy keeps its place until it `"start"`s (a duplicate may then '
+        'queue while it runs) or until it `"end"`s ("until executed": a duplicate '
+        "enqueue while it runs gets the running copy's `AsyncResult`, or "
+        "`AlreadyQueued`); a run longer than `redlock_queued_ttl` frees the place then",
+    ),
+    Option(
         "redlock_handoff",
         True,
         validate.flag,
@@ -326,6 +337,7 @@ class TaskOptions:
     dedupe_queued: bool
     queued_ttl: float
     on_queued: str
+    queued_until: str
     handoff: bool
     handoff_claim_ttl: float
 

@@ -8,8 +8,9 @@ holding the new task id, and send the message with the lock's value in the
 ``once={"graceful": ..., "timeout": ...}`` (see call_options.py). A duplicate
 enqueue publishes nothing and gets the queued copy's ``AsyncResult`` back (or
 ``AlreadyQueued``). The queued copy hands its place back when it wins its run-time
-lock, when it is skipped or failed, and when it is revoked; a lost message frees it
-after ``redlock_queued_ttl``.
+lock (with ``redlock_queued_until="end"``: when its run ends, so that a duplicate
+enqueue meanwhile gets the running copy), when it is skipped or failed, and when it
+is revoked; a lost message frees it after ``redlock_queued_ttl``.
 
 A copy sent as part of a canvas (a chain step, a group or chord member, a call with
 ``link`` / ``link_error``) is always sent and takes no queue place: the canvas waits
@@ -33,9 +34,17 @@ from ..errors import AlreadyQueued, LockContended, QuorumUnavailable
 from .call_options import call_options
 from .config import TaskOptions, app_config
 from .contention import acquire_or_contended
-from .headers import QUEUED_HEADER, header
+from .headers import QUEUED_HEADER, QUEUED_UNTIL_HEADER, header
 
-__all__ = ["QUEUED_SUFFIX", "QUEUE_PLACE_PATIENCE", "enqueue", "hand_back", "hand_back_revoked"]
+__all__ = [
+    "QUEUED_SUFFIX",
+    "QUEUE_PLACE_PATIENCE",
+    "enqueue",
+    "hand_back",
+    "hand_back_at_end",
+    "hand_back_at_start",
+    "hand_back_revoked",
+]
 
 # The name the logger had before the package was split into folders: users filter on it.
 logger = logging.getLogger("celery_redlock.queue_once")
@@ -90,6 +99,8 @@ def enqueue(
         return task.AsyncResult(exc.holder)
     redlock.hand_over(lease)  # the message holds the place, not this thread
     options["headers"] = {**headers, QUEUED_HEADER: lease.value}
+    if opts.queued_until == "end":
+        options["headers"][QUEUED_UNTIL_HEADER] = "end"
     try:
         return send(args, kwargs, task_id=task_id, **options)
     except BaseException:
@@ -98,6 +109,19 @@ def enqueue(
         except QuorumUnavailable as exc:  # the send's error matters more; the place expires
             logger.warning("freeing queue place %s failed: %s", key, exc)
         raise
+
+
+def hand_back_at_start(task: Any, key: str, options: TaskOptions) -> None:
+    """The copy starts its body: free its queue place, unless it keeps it until the
+    run ends (``redlock_queued_until="end"``: :func:`hand_back` after the run)."""
+    if header(task.request, QUEUED_UNTIL_HEADER) != "end":
+        hand_back(task, key, options)
+
+
+def hand_back_at_end(task: Any, key: str, options: TaskOptions) -> None:
+    """The copy's run has ended: free the queue place it kept until now, if it did."""
+    if header(task.request, QUEUED_UNTIL_HEADER) == "end":
+        hand_back(task, key, options)
 
 
 def hand_back(task: Any, key: str, options: TaskOptions) -> None:

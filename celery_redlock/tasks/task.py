@@ -234,7 +234,7 @@ class RedlockTask(Task):  # type: ignore[misc]
 
     def _redlock_acquire(self, task_id: str, args: Any, kwargs: Any) -> None:
         request = self.request
-        request.redlock_lease = request.redlock_skipped = None
+        request.redlock_lease = request.redlock_skipped = request.redlock_ran_key = None
         options = self.redlock_options()
         config = app_config(self.app)
         key = self.lock_key(args, kwargs)
@@ -282,8 +282,9 @@ class RedlockTask(Task):  # type: ignore[misc]
         """This execution won ``lease`` (None: a rate only, no lease): bound and watch
         it, free the queue place."""
         request = self.request
+        request.redlock_ran_key = key  # queue once "until executed": handed back at the end
         if lease is None:
-            queue_once.hand_back(self, key, options)
+            queue_once.hand_back_at_start(self, key, options)
             return
         hard_limit = (request.timelimit or (None, None))[0] or self.time_limit
         lease.max_hold = options.max_hold
@@ -293,7 +294,7 @@ class RedlockTask(Task):  # type: ignore[misc]
             # bound is the limit plus one TTL, never the limit itself.
             lease.max_hold = min(options.max_hold, float(hard_limit) + options.ttl)
         request.redlock_lease = lease
-        queue_once.hand_back(self, key, options)  # running now: the next copy may queue
+        queue_once.hand_back_at_start(self, key, options)  # running: the next may queue
         if options.auto_extend:
             lease.on_extended(self._redlock_extended_callback(task_id))
             lease.on_lost(self._redlock_lost_callback(task_id))
@@ -463,6 +464,10 @@ def _release_on_every_exit(sender: Any = None, **_: Any) -> None:
     # the trace's finally, with the request still in place.
     if isinstance(sender, RedlockTask):
         sender._redlock_release()
+        ran = getattr(sender.request, "redlock_ran_key", None)
+        if ran is not None:  # queue once "until executed": the place is free now
+            sender.request.redlock_ran_key = None
+            queue_once.hand_back_at_end(sender, ran, sender.redlock_options())
         _end_execution(sender.request)
 
 

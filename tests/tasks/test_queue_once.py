@@ -49,6 +49,21 @@ def tasks(app: Celery, broker: RedisServer) -> dict[str, Any]:
 
     @app.task(
         shared=False,
+        bind=True,
+        base=RedlockTask,
+        redlock_dedupe_queued=True,
+        redlock_queued_until="end",
+        redlock_queued_ttl=60,
+        redlock_key=["customer_id"],
+        name="q.until",
+    )
+    def until_executed(self: RedlockTask, customer_id: int, note: str = "") -> str:
+        gate.rpush("started", self.request.id)
+        gate.blpop(["gate"], timeout=10)
+        return str(self.request.id)
+
+    @app.task(
+        shared=False,
         base=RedlockTask,
         redlock_dedupe_queued=True,
         redlock_on_queued="raise",
@@ -62,7 +77,10 @@ def tasks(app: Celery, broker: RedisServer) -> dict[str, Any]:
     def blocker() -> None:
         gate.blpop(["gate"], timeout=10)
 
-    return {"import": import_customer, "strict": strict, "blocker": blocker, "gate": gate}
+    return {
+        "import": import_customer, "until": until_executed, "strict": strict, "blocker": blocker,
+        "gate": gate,
+    }  # fmt: skip
 
 
 def _queued(broker: RedisServer) -> int:
@@ -109,6 +127,48 @@ def test_after_it_starts_another_copy_may_queue(
         assert tasks["import"].delay(1).id == second.id
         tasks["gate"].rpush("gate", "open", "open")
         assert first.get(timeout=10) == first.id
+        assert second.get(timeout=10) == second.id
+
+
+def test_until_executed_duplicate_enqueues_while_it_runs_get_the_running_copy(
+    app: Celery, tasks: dict[str, Any], broker: RedisServer
+) -> None:
+    first = tasks["until"].delay(7)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert tasks["gate"].blpop(["started"], timeout=10) is not None  # first is running
+        ctx = multiprocessing.get_context("fork")
+        out: Any = ctx.Queue()
+        procs = [ctx.Process(target=_delay_many, args=(tasks["until"], 5, out)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        reports = [out.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(10)
+        assert [r for r in reports if isinstance(r, str)] == []  # no caller failed
+        ids = {i for report in reports for i in report}
+        assert ids == {first.id}  # 20 enqueues from 4 processes: the running copy
+        assert _queued(broker) == 0  # nothing else queued while it runs
+        tasks["gate"].rpush("gate", "open")
+        assert first.get(timeout=10) == first.id
+        # Its run ended: the place is free, the next copy queues and runs.
+        later = tasks["until"].delay(7)
+        assert later.id != first.id
+        tasks["gate"].rpush("gate", "open")
+        assert later.get(timeout=10) == later.id
+
+
+def test_per_call_queued_until_end_keeps_the_place_through_the_run(
+    app: Celery, tasks: dict[str, Any]
+) -> None:
+    first = tasks["import"].apply_async((2,), redlock={"queued_until": "end"})
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert tasks["gate"].blpop(["started"], timeout=10) is not None
+        assert tasks["import"].delay(2).id == first.id  # still its place
+        tasks["gate"].rpush("gate", "open")
+        assert first.get(timeout=10) == first.id
+        second = tasks["import"].delay(2)
+        assert second.id != first.id
+        tasks["gate"].rpush("gate", "open")
         assert second.get(timeout=10) == second.id
 
 
@@ -260,6 +320,10 @@ def test_per_call_options_are_not_sent_with_the_message(
         ({"redlock": {"queued_ttl": 0}}, r"redlock\['queued_ttl'\] must be > 0 seconds"),
         ({"redlock": {"queued_ttl": "1h"}}, r"redlock\['queued_ttl'\] must be a finite number"),
         ({"redlock": {"dedupe_queued": 1}}, r"redlock\['dedupe_queued'\] must be True or False"),
+        (
+            {"redlock": {"queued_until": "later"}},
+            r"redlock\['queued_until'\] must be one of 'start', 'end'",
+        ),
         ({"once": "graceful"}, r"apply_async\(once=\.\.\.\) must be a dict"),
         ({"once": {"graceful": "yes"}}, r"once\['graceful'\] must be True or False"),
         ({"once": {"timeout": -1}}, r"once\['timeout'\] must be > 0 seconds"),
@@ -294,12 +358,22 @@ def test_celery_once_class_attribute_sets_the_task_options(
 
     options = once_task.redlock_options()
     assert (options.dedupe_queued, options.on_queued, options.queued_ttl) == (True, "return", 30)
+    assert options.queued_until == "start"
     first = once_task.delay(30, note="a")
     assert once_task.delay(30, note="b").id == first.id  # keys: only customer_id counts
     key = once_task.lock_key((30,), {}) + ":queued"
     held = [ttl for ttl in _queued_pttls(redis_nodes, key) if ttl > 0]
     assert len(held) >= 3 and max(held) <= 30_000
     assert _queued(broker) == 1
+
+
+def test_celery_once_unlock_before_run_false_keeps_the_place_until_the_end(app: Celery) -> None:
+    @app.task(shared=False, base=RedlockTask, once={"unlock_before_run": False}, name="q.ubr")
+    def kept(customer_id: int) -> int:
+        return customer_id
+
+    options = kept.redlock_options()
+    assert (options.dedupe_queued, options.queued_until) == (True, "end")
 
 
 def test_celery_once_class_attribute_not_graceful_raises(app: Celery, broker: RedisServer) -> None:
