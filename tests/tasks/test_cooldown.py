@@ -118,11 +118,12 @@ def test_a_beat_tick_inside_a_cooldown_is_skipped_whatever_the_mode(
 ) -> None:
     job = observed_task(app, observer, "c.tick", redlock_key="t:{tag}", redlock_cooldown=5)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
-        ticks = [
-            job.apply_async(("t",), {"n": n}, headers={TICK_HEADER: n, ENTRY_HEADER: "every-s"})
+        first, second = (
+            job.apply_async(
+                ("t",), {"n": n}, headers={TICK_HEADER: n, ENTRY_HEADER: "every-s"}
+            ).get(timeout=HANG_GUARD)
             for n in (1, 2)
-        ]
-        first, second = (t.get(timeout=HANG_GUARD) for t in ticks)
+        )  # one after the other: the second tick comes inside the first's cooldown
     assert first == 1
     assert is_skipped(second) and "cooldown of 5s" in second["reason"], second
     assert len(observer.starts("t")) == 1
