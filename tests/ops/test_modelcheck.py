@@ -16,10 +16,12 @@ for symmetry reduction, the search bounds, and the command line.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -287,12 +289,17 @@ def test_cli_prints_the_table_and_writes_json(
 
 # -- hand-off to waiting duplicates (tools/modelcheck/handoff.py) ------------------- #
 
+from celery_redlock.lock.waiters import may_be_claimed_by  # noqa: E402
+from celery_redlock.wire.node_set import NodeSet  # noqa: E402
 from tools.modelcheck.handoff import (  # noqa: E402
     LOST,
+    NIL,
     RUN_TWICE,
     SPLIT,
     SPLIT_GIVE_UP,
     TWO_OUTCOMES,
+    HandoffModel,
+    HandoffScenario,
 )
 from tools.modelcheck.handoff_check import (  # noqa: E402
     HandoffResult,
@@ -309,7 +316,14 @@ def handoff_results() -> dict[str, HandoffResult]:
 
 
 @pytest.mark.parametrize(
-    "name", ["handoff-2-tasks", "handoff-2-tasks-node-down", "handoff-wake-registers-nothing"]
+    "name",
+    [
+        "handoff-2-tasks",
+        "handoff-2-tasks-node-down",
+        "handoff-wake-registers-nothing",
+        "handoff-crash-redelivery",
+        "handoff-crash-redelivery-node-down",
+    ],
 )
 def test_handoff_protocol_is_safe_in_its_whole_state_space(
     handoff_results: dict[str, HandoffResult], name: str
@@ -343,7 +357,8 @@ def test_with_a_node_down_a_split_claim_goes_round_instead_of_giving_up(
         ("handoff-no-claim", RUN_TWICE, "publishes T2 wake"),
         ("handoff-claim-any-node", RUN_TWICE, "WINS claim"),
         ("handoff-no-fallback", LOST, "NO fallback"),
-        ("handoff-rewake-as-wake", LOST, "wake (re-published) contended"),
+        ("handoff-rewake-as-wake", LOST, "wake (re-published) reads claim"),
+        ("handoff-crash-redelivery-no-claim-read", LOST, "CRASHES in the body"),
         ("handoff-split-probe", SPLIT, "SPLIT"),
     ],
 )
@@ -355,6 +370,63 @@ def test_handoff_control_finds_a_counterexample(
     assert result.violation is not None and result.violation.startswith(kind)
     assert any(event in line for line in result.trace), "\n".join(result.trace)
     assert "VIOLATION" in result.trace[-1]
+
+
+@pytest.mark.parametrize("name", ["handoff-crash-redelivery", "handoff-crash-redelivery-node-down"])
+def test_a_redelivered_claim_winner_keeps_its_ids_and_its_task_runs_or_gives_up(
+    handoff_results: dict[str, HandoffResult], name: str
+) -> None:
+    result = handoff_results[name]
+    assert result.outcome == SAFE, "\n".join(result.trace)
+    # Not vacuous: claim reads kept a copy's ids, and a crashed body started again.
+    assert result.kept > 0 and result.reruns > 0
+
+
+def test_without_the_claim_read_a_redelivered_wake_goes_back_in_the_queue_and_is_lost(
+    handoff_results: dict[str, HandoffResult],
+) -> None:
+    result = handoff_results["handoff-crash-redelivery-no-claim-read"]
+    text = "\n".join(result.trace)
+    crash = next(i for i, line in enumerate(result.trace) if "CRASHES in the body" in line)
+    # The wake that won the claim crashes; its redelivery, the one copy that can still
+    # win that claim, ends as a contended wake does, and nothing else can run the task.
+    assert "T2 wake WINS claim w2.1" in result.trace[crash - 1]
+    assert "wake (redelivered) w2.1 copy 2" in result.trace[crash]
+    assert "T2 wake (redelivered) contended:" in text and "ends (no fallback" in text
+    assert result.as_expected  # LOST (the name is beatsplit's below this point)
+    assert result.violation is not None and "T2 never ran and never gave up" in result.violation
+
+
+class _Replies:
+    """A node set whose every round answers ``results`` (for the claim read)."""
+
+    def __init__(self, results: list[object]) -> None:
+        self.results = results
+
+    def round(self, *args: object, **kwargs: object) -> list[object]:
+        return self.results
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_the_models_claim_read_is_the_packages(nodes: int) -> None:
+    """Every read of N nodes (a copy id, nil, or no answer from each; ids 0..2, one of
+    them the reader's): the model keeps the ids exactly when the package does."""
+    model = HandoffModel(HandoffScenario("read", "", nodes=nodes))
+    quorum = nodes // 2 + 1
+    seen = 0
+    for answers in itertools.product([None, NIL, 0, 1, 2], repeat=nodes):
+        results: list[object] = [
+            ConnectionError("down") if a is None else [None if a == NIL else str(a), 1000]
+            for a in answers
+        ]
+        replies = tuple(sorted(a for a in answers if a is not None))
+        for copy in (0, 1, 2):
+            package = may_be_claimed_by(
+                cast(NodeSet, _Replies(results)), quorum, "k", "w", str(copy), 1.0
+            )
+            assert model.may_be_claimed_by(replies, copy) == package, (answers, copy)
+            seen += package
+    assert 0 < seen < 3 * 5**nodes  # both verdicts met
 
 
 # -- two beats, a lock node down (tools/modelcheck/beatsplit.py) ---------------------- #
@@ -483,3 +555,14 @@ def test_the_command_line_runs_the_limit_scenarios(capsys: pytest.CaptureFixture
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "limit-counter-3-nodes: shortest counterexample, 9 steps" in printed
+
+
+def test_a_cooldown_whose_node_restarts_empty_at_once_admits_a_second_start(
+    limit_results: dict[str, LimitResult],
+) -> None:
+    """The cooldown's control: one slot (N=1), a node restarted empty without the
+    delayed restart forgets the start, and a second one is admitted inside it."""
+    result = limit_results["cooldown-restart-no-delay"]
+    assert result.violation == OVER_LIMIT and result.as_expected
+    assert result.trace[-1] == "!! VIOLATION (more than N inside): A, B inside, limit 1"
+    assert result.trace_steps == 7

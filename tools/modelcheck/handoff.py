@@ -11,11 +11,14 @@ counted with a quorum (every node answered and no quorum: the id on the most nod
 ties to the smallest).
 
 Two designs. ``UNDER_LOCK`` (the protocol): a copy carrying a waiter id first takes
-the lock, then claims; a contended wake re-registers and ends; a contended fallback
-counts a retry, registers the same id again and publishes the next fallback; once
-its retries are spent it claims without the lock and gives up only if it won.
-``CLAIM_FIRST`` (the earlier design, kept as a control): every copy carrying a
-waiter id claims before it takes the lock, and each contention takes a fresh id.
+the lock, then claims. A contended one first reads the claim (``claim_read``): when
+the claim is, or may be, its own copy id's it keeps its ids -- it counts a retry and
+is re-published as a fallback with the same waiter and copy ids, registering nothing.
+Otherwise a contended wake re-registers and ends; a contended fallback counts a
+retry, registers the same id again and publishes the next fallback (a fresh copy
+id). Once its retries are spent a copy claims without the lock and gives up only if
+it won. ``CLAIM_FIRST`` (the earlier design, kept as a control): every copy carrying
+a waiter id claims before it takes the lock, and each contention takes a fresh id.
 
 What may happen, in any order:
 
@@ -27,7 +30,22 @@ What may happen, in any order:
 * up to ``down`` nodes go down for good at any time (they never answer again);
 * a registration is lost; a waiter entry expires at any time; a waker pops an
   entry on some nodes only, so the same waiter can be woken again (``dup_wakes``);
-* the holder crashes in its body (its lock frees at its TTL, the ``expire`` step).
+* the holder crashes in its body (its lock frees at its TTL, the ``expire`` step);
+  with ``redeliver`` (``acks_late`` and ``reject_on_worker_lost``) the broker then
+  delivers that same message again: same kind, waiter id, copy id and retries, so it,
+  and only it, can still win the claim its crashed run won.
+
+A claim read is one step: the values every node that is up holds at that moment (nil
+where none), taken at any moment after the contention, so it may miss any claim
+request still on its way; an early decision drops any of its replies. (Atomic, not a
+request per node landing on its own: those interleavings cost 3 times the states,
+and a read's use is to find its own copy's claim, which was set before that copy's
+body started, hence before the read.)
+
+A crashed body is not a run: its message may run the body again (at least once, as
+any ``acks_late`` task; the body must be idempotent for that). Its task must still
+run or give up (else it is lost), and starting the body again or giving up is no
+violation; a body that ended is a run, and any start after it is ``RUN_TWICE``.
 
 Copy ids are renumbered in the canonical form (kept in order, per task), so a copy
 re-published any number of times does not make the state space infinite.
@@ -54,18 +72,25 @@ UNDER_LOCK, CLAIM_FIRST = "claim-under-lock", "claim-first"
 # Message kinds.
 # A wake re-published by itself (undecided claim) is REWAKE: the broker keeps it (only
 # a waker's publish can be missing) and, in the "wake" variant, it still acts as a wake.
-ORIGINAL, FALLBACK, WAKE, REWAKE = 0, 1, 2, 3
-KIND_NAMES = ("original", "fallback", "wake", "wake (re-published)")
+# A wake delivered again after its run crashed is REDELIVERED_WAKE: a wake the broker
+# keeps (it was published; only a waker's publish can be missing).
+ORIGINAL, FALLBACK, WAKE, REWAKE, REDELIVERED_WAKE = 0, 1, 2, 3, 4
+KIND_NAMES = ("original", "fallback", "wake", "wake (re-published)", "wake (redelivered)")
+WAKES = (WAKE, REWAKE, REDELIVERED_WAKE)
 # Process steps: ACQUIRE first; CLAIM under the lock; LAST_CLAIM without the lock
-# before giving up; FIRST_CLAIM before the lock (claim-first).
-ACQUIRE, CLAIM, LAST_CLAIM, FIRST_CLAIM, REGISTER, CHECK, BODY, WAKING = range(8)
+# before giving up; FIRST_CLAIM before the lock (claim-first); READ, the claim read
+# of a contended copy carrying a waiter id.
+ACQUIRE, CLAIM, LAST_CLAIM, FIRST_CLAIM, REGISTER, CHECK, BODY, WAKING, READ = range(9)
 CLAIMING = (CLAIM, LAST_CLAIM, FIRST_CLAIM)
+#: a claim read's reply from a node that holds no claim for the waiter id.
+NIL = -1
 # Lock states besides "held by task t".
 FREE, DEAD = -1, -2
-# Task outcomes.
 # Task outcomes; SPINNING: a copy saw a split claim with a node down and goes round
 # (re-published, spending nothing) until the node answers again -- not explored further.
-PENDING, RAN, GAVE_UP, SPINNING = 0, 1, 2, 3
+# CRASHED: its body started and died, and its message is delivered again (``redeliver``):
+# not a run, not an end.
+PENDING, RAN, GAVE_UP, SPINNING, CRASHED = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,13 @@ class HandoffScenario:
     budget: int = 1
     #: holder crashes allowed in the whole run.
     crashes: int = 1
+    #: the broker delivers a crashed body's message again (``acks_late`` with
+    #: ``reject_on_worker_lost``); else the crash ends that copy (early ack).
+    redeliver: bool = False
+    #: only a copy carrying a waiter id (it won that id's claim) crashes in its body;
+    #: else any holder does, an original too (whose redelivery contends afresh as a
+    #: third copy of the key: 32 times the states).
+    crash_claimants_only: bool = False
     #: extra wakes of one waiter (an entry popped on a minority of nodes only).
     dup_wakes: int = 1
     #: nodes that may go down for good (at most nodes - quorum).
@@ -96,6 +128,10 @@ class HandoffScenario:
     claim_rule: str = "quorum"
     #: a contended wake registers its waiter id again (else it just ends).
     wake_registers: bool = True
+    #: a contended copy carrying a waiter id reads the claim first and keeps its ids
+    #: when the claim is, or may be, its own (else: the rule before redelivery was
+    #: looked at, a control).
+    claim_read: bool = True
     #: what a holder does with an undecided claim once its retries are spent:
     #: "give-up" (as any spent budget) or "republish" (spends nothing, goes again).
     exhausted_undecided: str = "republish"
@@ -193,6 +229,10 @@ class HandoffModel:
         self.new = scenario.design == UNDER_LOCK
         #: split claims decided on (transitions, not states): > 0 means reachable.
         self.splits = 0
+        #: claim reads that kept the copy's ids, and bodies started again after a crash
+        #: (transitions): > 0 means the redelivery rule was exercised.
+        self.kept = 0
+        self.reruns = 0
 
     def initial(self) -> State:
         sc = self.sc
@@ -276,7 +316,8 @@ class HandoffModel:
         """``p`` claims its waiter id: one SET NX request to every node that is up."""
         reqs = [ClaimReq(i, p.task, p.wid, p.copy, True) for i in range(self.sc.nodes)
                 if not s.down[i]]  # fmt: skip
-        return _with(s._replace(inflight=_sorted((*s.inflight, *reqs))), p._replace(step=step))
+        inflight = _sorted((*s.inflight, *reqs))
+        return _with(s._replace(inflight=inflight), p._replace(step=step, replies=()))
 
     def _land(self, s: State, r: ClaimReq) -> Step:
         held = [c for (t, w, c) in s.claims[r.node] if (t, w) == (r.task, r.wid)]
@@ -299,6 +340,8 @@ class HandoffModel:
         who = f"{_name(p.task)} {KIND_NAMES[p.kind]}"
         if p.step in CLAIMING:
             return self._decide_any(rest, p, who)
+        if p.step == READ:
+            return self._read_any(rest, p, who)
         if p.step == ACQUIRE:
             return self._acquire(s, rest, p, who)
         if p.step == REGISTER:
@@ -324,13 +367,21 @@ class HandoffModel:
                     None,
                 )
             ]
-            if s.crashes_left > 0:
-                crashed = rest._replace(lock=DEAD, crashes_left=s.crashes_left - 1)
-                out.append(
-                    (f"{who} worker CRASHES in the body (lock kept until TTL)", crashed, None)
-                )
+            if s.crashes_left > 0 and (p.wid > 0 or not self.sc.crash_claimants_only):
+                out.append(self._crash(rest, p, who))
             return out
         return self._wake(rest, who)
+
+    def _crash(self, rest: State, p: Proc, who: str) -> Step:
+        crashed = rest._replace(lock=DEAD, crashes_left=rest.crashes_left - 1)
+        what = f"{who} worker CRASHES in the body (lock kept until TTL)"
+        if not self.sc.redeliver:
+            return (what, crashed, None)
+        kind = REDELIVERED_WAKE if p.kind in WAKES else p.kind
+        m = Msg(p.task, kind, p.wid, p.copy, p.tries)
+        outcome = _at(crashed.outcome, p.task, CRASHED)
+        nxt = crashed._replace(msgs=_sorted((*crashed.msgs, m)), outcome=outcome)
+        return (f"{what}, the broker delivers {_msg(m)} again", nxt, None)
 
     def _register(self, s: State, p: Proc, who: str, published: str) -> list[Step]:
         entry = (p.task, p.wid, p.tries)
@@ -348,7 +399,15 @@ class HandoffModel:
                 nxt = self._send(rest._replace(lock=p.task), p, CLAIM)
                 return [(f"{who} acquires the lock, claims {_wid(p.task, p.wid)}", nxt, None)]
             return [self._start_body(rest, p, f"{who} acquires the lock")]
-        if self.new and p.kind in (WAKE, REWAKE):
+        if self.new and p.wid > 0 and sc.claim and sc.claim_read:
+            nxt = _with(rest, p._replace(step=READ))
+            return [(f"{who} contended: reads the claim of {_wid(p.task, p.wid)}", nxt, None)]
+        return self._contended(rest, p, who)
+
+    def _contended(self, rest: State, p: Proc, who: str) -> list[Step]:
+        """A contended copy that does not keep its ids (the claim is not its own)."""
+        sc = self.sc
+        if self.new and p.kind in WAKES:
             if not sc.wake_registers:
                 return [(f"{who} contended: ends (registers nothing)", rest, None)]
             return self._register(rest, p, f"{who} contended:", "ends (no fallback, no retry)")
@@ -359,7 +418,7 @@ class HandoffModel:
                 return [(f"{who} contended, retries spent: claims {w} to give up", nxt, None)]
             nxt, bad = self._give_up(rest, p.task, split=False)
             return [(f"{who} contended, retries spent: GIVES UP", nxt, bad)]
-        wid, copy = s.ids[p.task]
+        wid, copy = rest.ids[p.task]
         if self.new and p.wid > 0:
             wid = p.wid  # the same waiter id for every copy of the task
         else:
@@ -374,9 +433,13 @@ class HandoffModel:
             violation = self._bad(RUN_TWICE, f"{_name(t)}'s body starts a second time")
         elif rest.outcome[t] == GAVE_UP:
             violation = self._bad(TWO_OUTCOMES, f"{_name(t)}'s body starts after it gave up")
+        self.reruns += rest.outcome[t] == CRASHED
         if violation is None and any(q.step == BODY for q in rest.procs):
             violation = self._bad(OVERLAP, f"{_name(t)} starts while another body runs")
-        nxt = _with(rest, p._replace(step=BODY))._replace(lock=t, outcome=_at(rest.outcome, t, RAN))
+        # Its ids are kept only where a crash needs them (its message delivered again).
+        keep = self.sc.redeliver or self.sc.crash_claimants_only
+        body = _with(rest, p._replace(step=BODY, replies=()), keep_ids=keep)
+        nxt = body._replace(lock=t, outcome=_at(rest.outcome, t, RAN))
         return (f"{what}, body STARTS", nxt, violation)
 
     def _give_up(self, s: State, task: int, split: bool) -> tuple[State, Optional[str]]:
@@ -412,6 +475,64 @@ class HandoffModel:
             if nxt not in out or (bad and not out[nxt][2]):
                 out[nxt] = (what, nxt, bad)
         return list(out.values())
+
+    def _read_any(self, rest: State, p: Proc, who: str) -> list[Step]:
+        """The claim read: what every node that is up holds now; early (the budget
+        allowing) on any part of it (the other replies lost or late)."""
+        mine = (p.task, p.wid)
+        values = _sorted(
+            next((c for t, w, c in node if (t, w) == mine), NIL)
+            for node, down in zip(rest.claims, rest.down)
+            if not down
+        )
+        subsets = {values}
+        if rest.early_left > 0:
+            subsets |= {
+                tuple(sorted(values[i] for i in range(len(values)) if mask >> i & 1))
+                for mask in range((1 << len(values)) - 1)
+            }
+        out: dict[State, Step] = {}
+        for replies in sorted(subsets):
+            early = replies != values
+            base = rest._replace(early_left=rest.early_left - 1) if early else rest
+            for step in self._read(base, p._replace(replies=replies), who, early):
+                out.setdefault(step[1], step)
+        return list(out.values())
+
+    def may_be_claimed_by(self, replies: tuple[int, ...], copy: int) -> bool:
+        """The claim read's verdict, as lock/waiters.py's ``may_be_claimed_by`` gives it
+        (``replies``: the values of the nodes that answered, NIL for none): False only
+        when they rule ``copy`` out -- a quorum names another copy, every node holds a
+        claim and the plurality (ties to the smallest) is another copy's, or enough
+        answered to decide and none names it."""
+        sc = self.sc
+        named = [v for v in replies if v != NIL]
+        counts = {v: named.count(v) for v in set(named)}
+        if counts.get(copy, 0) >= sc.quorum:
+            return True  # won
+        if sc.nodes - len(replies) >= sc.nodes - sc.quorum + 1:
+            return True  # too few answered: undecided
+        if any(n >= sc.quorum for n in counts.values()):
+            return False  # another copy won
+        if len(named) == sc.nodes:
+            return min(counts, key=lambda v: (-counts[v], v)) == copy
+        return copy in counts  # a split: its own only if a node names it
+
+    def _read(self, rest: State, p: Proc, who: str, early: bool) -> list[Step]:
+        late = ", deadline passed" if early else ""
+        read = f"reads claim {_wid(p.task, p.wid)} ({_values(p.replies)}{late})"
+        if not self.may_be_claimed_by(p.replies, p.copy):
+            return self._contended(rest, p._replace(replies=()), f"{who} {read}: not its own;")
+        self.kept += 1
+        if p.tries >= self.sc.budget:
+            nxt = self._send(rest, p, LAST_CLAIM)
+            return [(f"{who} {read}: may be its own, retries spent: claims to give up", nxt, None)]
+        # As after an undecided claim (publish_retry's ``keep``): same ids, one retry
+        # spent, nothing registered.
+        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1)
+        nxt = rest._replace(msgs=_sorted((*rest.msgs, again)))
+        return [(f"{who} {read}: may be its own: re-published, same ids, one retry spent",
+                 nxt, None)]  # fmt: skip
 
     def _winner(self, p: Proc) -> Optional[int]:
         sc = self.sc
@@ -460,7 +581,7 @@ class HandoffModel:
             if split and not early and any(rest.down):
                 # Every node that is up answered and no answer can change: it goes round
                 # until the down node answers again.
-                if rest.outcome[p.task] == PENDING:
+                if rest.outcome[p.task] in (PENDING, CRASHED):
                     base = base._replace(outcome=_at(base.outcome, p.task, SPINNING))
                 return (f"{undecided}: goes round until the down node is back", base, None)
             again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries)
@@ -477,7 +598,7 @@ class HandoffModel:
 
     def _again(self, p: Proc) -> int:
         """The kind of ``p``'s own copy re-published after an undecided claim."""
-        if self.new and p.kind in (WAKE, REWAKE) and self.sc.republish_as == "wake":
+        if self.new and p.kind in WAKES and self.sc.republish_as == "wake":
             return REWAKE
         return FALLBACK
 
@@ -498,12 +619,12 @@ class HandoffModel:
 
     def lost(self, s: State) -> Optional[str]:
         """In a final state: the tasks that neither ran nor gave up."""
-        missing = [_name(t) for t, o in enumerate(s.outcome) if o == PENDING]
+        missing = [_name(t) for t, o in enumerate(s.outcome) if o in (PENDING, CRASHED)]
         return f"{LOST}: {', '.join(missing)} never ran and never gave up" if missing else None
 
 
-def _with(s: State, p: Proc) -> State:
-    if p.step in (CHECK, BODY, WAKING):  # its ids and replies no longer matter
+def _with(s: State, p: Proc, keep_ids: bool = False) -> State:
+    if p.step in (CHECK, BODY, WAKING) and not keep_ids:  # its ids and replies no longer matter
         p = Proc(p.task, p.kind, 0, 0, 0, p.step, ())
     return s._replace(procs=_sorted((*s.procs, p)))
 
@@ -525,6 +646,14 @@ def _publish(s: State, task: int, kind: int, wid: int, tries: int) -> tuple[Stat
 
 def _wid(task: int, wid: int) -> str:
     return f"w{task + 1}.{wid}"
+
+
+def _value(value: int) -> str:
+    return "nil" if value == NIL else str(value)
+
+
+def _values(replies: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(_value, replies)) + "]"
 
 
 def _msg(m: Msg) -> str:

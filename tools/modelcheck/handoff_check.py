@@ -8,6 +8,9 @@ never inside at once, no task both runs and gives up, no copy gives up on a spli
 claim (a quorum answered, no copy id on a quorum: with at most N - quorum nodes
 down that is never an outage), and in every final state (nothing left to do) every
 task has run or has given up explicitly (a FAILURE or a skip the caller sees).
+A body that crashed and whose message the broker delivers again (``redeliver``) has
+not run: the task must still run or give up, and that redelivery, or a copy it
+publishes, may start the body again (at least once, as any ``acks_late`` task).
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ class HandoffResult:
     spinning_finals: int = 0
     #: split claims decided on somewhere in the explored space (transitions).
     splits: int = 0
+    #: claim reads that kept a contended copy's ids, and bodies started again after
+    #: their crash (transitions).
+    kept: int = 0
+    reruns: int = 0
     seconds: float = 0.0
     violation: Optional[str] = None
     trace: list[str] = field(default_factory=list)
@@ -92,6 +99,7 @@ def check_handoff(scenario: HandoffScenario) -> HandoffResult:
             break
     result.states = len(parent)
     result.splits = model.splits
+    result.kept, result.reruns = model.kept, model.reruns
     result.seconds = time.perf_counter() - started
     return result
 
@@ -205,6 +213,66 @@ def handoff_scenarios() -> list[HandoffScenario]:
             early=0,
         ),
         HandoffScenario(
+            "handoff-crash-redelivery",
+            "two copies, one lock retry each; the worker running a claim's winner is killed "
+            "in the body and the broker delivers that message again (acks_late); lost and "
+            "duplicate wakes",
+            redeliver=True,
+            crash_claimants_only=True,
+            early=0,
+        ),
+        HandoffScenario(
+            "handoff-crash-redelivery-node-down",
+            "the same, one of the 3 nodes going down for good at any moment, no duplicate wakes",
+            redeliver=True,
+            crash_claimants_only=True,
+            down=1,
+            dup_wakes=0,
+            early=0,
+        ),
+        HandoffScenario(
+            "handoff-crash-redelivery-retry",
+            "the same, all nodes up, two lock retries each (a redelivered copy that keeps "
+            "its ids has a retry left to spend)",
+            redeliver=True,
+            crash_claimants_only=True,
+            budget=2,
+            dup_wakes=0,
+            early=0,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-crash-redelivery-any-holder",
+            "a crash and its redelivery hitting any holder (an original's redelivery "
+            "contends afresh), no duplicate wakes",
+            redeliver=True,
+            dup_wakes=0,
+            early=0,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-crash-redelivery-early",
+            "a crash and its redelivery, one node down, one early decision (a claim or read "
+            "reply late or lost)",
+            redeliver=True,
+            crash_claimants_only=True,
+            down=1,
+            dup_wakes=0,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-crash-redelivery-no-claim-read",
+            "control: a crash and its redelivery under the rule before the claim read (a "
+            "contended wake goes back in the queue, a fallback takes a fresh copy id)",
+            redeliver=True,
+            crash_claimants_only=True,
+            claim_read=False,
+            dup_wakes=0,
+            early=0,
+            expect_kind=LOST,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
             "handoff-claim-retry",
             "two copies, two lock retries each, holder crash, lost and duplicate wakes",
             budget=2,
@@ -225,14 +293,14 @@ def handoff_scenarios() -> list[HandoffScenario]:
 
 def format_handoff(results: list[HandoffResult]) -> str:
     rows = [("scenario", "expect", "result", "ok", "states", "final", "spinning", "splits",
-             "seconds")]  # fmt: skip
+             "kept", "reruns", "seconds")]  # fmt: skip
     for r in results:
         sc = r.scenario
         expect = "safe" if sc.expect == "safe" else f"violation: {sc.expect_kind}"
         got = r.outcome if r.violation is None else f"violation: {r.violation.split(':')[0]}"
         rows.append((sc.name, expect, got, "yes" if r.as_expected else "NO", str(r.states),
                      str(r.final_states), str(r.spinning_finals), str(r.splits),
-                     f"{r.seconds:.1f}"))  # fmt: skip
+                     str(r.kept), str(r.reruns), f"{r.seconds:.1f}"))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -196,6 +196,16 @@ def limit_scenarios() -> list[LimitScenario]:
         s("limit-slots-restart-no-delay", "control: lowest-free slots, a node restarts empty"
           " at once (no delayed restart)", clients=2, crashes=1, expect="violates",
           expect_kind=SLOT_SHARED, delayed_restart=False),
+        # A cooldown is a rate of one start per cooldown: N=1, "inside" read as
+        # "started within the cooldown" (SAFETY.md, "Cooldowns").
+        s("cooldown-from-3-nodes-faults", "a cooldown (one slot from the start: the"
+          " library's), 3 nodes, 2 clients, lost replies, deadlines, a node crash (delayed"
+          " restart)", design=FROM_START, limit=1, clients=2, crashes=1),
+        s("cooldown-from-3-nodes", "a cooldown, 3 nodes, 3 clients that leave",
+          design=FROM_START, limit=1, full_only=True, **CALM),
+        s("cooldown-restart-no-delay", "control: a cooldown whose node restarts empty at"
+          " once forgets the start inside it", design=FROM_START, limit=1, clients=2,
+          crashes=1, expect="violates", expect_kind=OVER_LIMIT, delayed_restart=False),
         s("limit-lowest-3-nodes-n2", "lowest-free slots, 3 nodes, N=2, 3 clients that leave",
           **CALM),
         s("limit-lowest-3-nodes-n2-faults", "lowest-free slots, 3 nodes, N=2, 2 clients,"
