@@ -183,8 +183,12 @@ def publish_retry(
     if waiter is not None:
         _register(task, key, options, waiter, headers[ARRIVAL_HEADER], signature, countdown)
         headers[COPY_HEADER] = uuid()  # the fallback's own copy id
+    # A copy that already carries a waiter id has siblings (its wake, its fallback)
+    # that may have run and stored SUCCESS by now: RETRY was stored when the waiter
+    # was first published, before any sibling existed, and is not stored again.
+    shown = None if header(request, WAITER_HEADER) else exc
     ended = publish_again(
-        task, signature, headers, countdown, f"lock retry in {countdown:.1f}s", exc
+        task, signature, headers, countdown, f"lock retry in {countdown:.1f}s", shown
     )
     if waiter is not None:
         _look_again(task, key, options)
