@@ -16,7 +16,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
-from celery_redlock import ConfigurationError, LockContended, signals
+from celery_redlock import ConfigurationError, LockContended
 from celery_redlock.skipped import is_skipped
 from celery_redlock.tasks.limits import longest_countdown
 from celery_redlock.testing import RedisNodes, RedisServer
@@ -27,30 +27,6 @@ from tests.support.starts import Observer, most_in_window, observed_task
 @pytest.fixture
 def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
     yield from worker_test_app("redlock_limits", broker, redis_nodes, 0.05, 0.3)
-
-
-@pytest.fixture
-def observer(broker: RedisServer) -> Observer:
-    return Observer(broker.client())
-
-
-@pytest.fixture
-def contended() -> Iterator[list[dict[str, Any]]]:
-    """What each ``lock_contended`` signal said (plain values only: the Recorder keeps
-    the senders, and with them results that outlive the test's broker)."""
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any = None, **kwargs: Any) -> None:
-        seen.append(
-            {
-                k: kwargs.get(k)
-                for k in ("action", "limit", "countdown", "attempt", "holder", "task_id")
-            }
-        )
-
-    signals.lock_contended.connect(receiver, weak=False)
-    yield seen
-    signals.lock_contended.disconnect(receiver)
 
 
 def _results(results: list[AsyncResult], timeout: float) -> list[Any]:
