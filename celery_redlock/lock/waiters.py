@@ -183,8 +183,9 @@ def may_be_claimed_by(
     nodes: NodeSet, quorum: int, key: str, waiter: str, copy: str, timeout: float
 ) -> bool:
     """Whether ``waiter``'s claim is, or may yet prove to be, ``copy``'s: False only
-    when the nodes' replies rule it out (another copy won it, or no node that answered
-    names ``copy``). One read round; changes nothing.
+    when the nodes' replies rule it out even if every node that did not answer names
+    ``copy`` (another copy holds a quorum, or would win the plurality of a full
+    claim), and no node that answered names it. One read round; changes nothing.
 
     A claim is final once set, and only the message that won it carries its copy id:
     when that message's run dies in the body and the broker delivers it again, no
@@ -197,7 +198,12 @@ def may_be_claimed_by(
         return True
     if judged == CLAIM_LOST:
         return False
-    return any(_named(value) == copy for value in values)
+    if any(_named(value) == copy for value in values):
+        return True
+    # A split: the nodes that did not answer may hold ``copy``, which could then win
+    # the plurality of a claim every node holds (their claims are final).
+    silent = [copy if not is_answer(value) else value for value in values]
+    return claim_verdict(silent, copy, quorum) == CLAIM_WON
 
 
 def _text(value: object) -> str:

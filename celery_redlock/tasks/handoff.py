@@ -20,7 +20,8 @@ task.py calls these:
   claim that is (or may be) its own copy id's was won by an earlier delivery of this
   very message that died in the body (SIGKILL, redelivered by ``acks_late``): only
   this message can still run the waiter, so it keeps its ids -- a wake does not go
-  back in the queue, a fallback takes no new copy id.
+  back in the queue, a fallback takes no new copy id. A copy whose own claim round
+  was undecided keeps its ids for good, reading nothing (its requests may land late).
 - :func:`claim_to_give_up` -- a copy carrying a waiter id whose lock retries ran out
   claims the id before it skips or fails (a woken copy may still run the body).
 - :func:`wake_next` -- after a release, pop the earliest waiter and publish its
@@ -51,7 +52,9 @@ from .config import app_config
 from .contention import retry_countdown
 from .headers import (
     ARRIVAL_HEADER,
+    CLAIM_TRIED_HEADER,
     COPY_HEADER,
+    IDS_HEADERS,
     RETRIES_HEADER,
     WAITER_HEADER,
     WOKEN_HEADER,
@@ -146,8 +149,12 @@ def _claim(task: Any, key: str, options: TaskOptions, waiter: str, copy: str) ->
 def _undecided(
     task: Any, key: str, options: TaskOptions, verdict: str, errors: dict[str, object]
 ) -> Union[LockContended, QuorumUnavailable]:
-    """An undecided claim as the error a contended copy handles (it keeps its ids)."""
+    """An undecided claim as the error a contended copy handles (it keeps its ids).
+    Its requests may land after the round: the request now reads as carrying the
+    claim-tried header (a worker's request holds headers as attributes), and so does
+    every copy published from it -- they keep the ids for good (keep_own_claim)."""
     task.request.redlock_keeps_ids = True
+    setattr(task.request, CLAIM_TRIED_HEADER, 1)
     if verdict == handoff.CLAIM_SPLIT:
         return LockContended(key, None, None, split=True)
     quorum = _redlock(task, options).quorum
@@ -173,8 +180,9 @@ def publish_retry(
     keep = bool(getattr(request, "redlock_keeps_ids", False))
     waiter: Optional[str] = None
     if keep:
-        headers[WAITER_HEADER] = header(request, WAITER_HEADER)
-        headers[COPY_HEADER] = header(request, COPY_HEADER)
+        for name in IDS_HEADERS:
+            if header(request, name):
+                headers[name] = header(request, name)
     elif options.handoff:
         waiter = headers[WAITER_HEADER] = header(request, WAITER_HEADER) or uuid()
     if keep or waiter is not None:  # a copy that waits again keeps its place
@@ -203,10 +211,17 @@ def keep_own_claim(task: Any, key: str, options: TaskOptions) -> None:
     visibility timeout): every other copy of the waiter would lose the claim and be
     dropped, so the task would never end. Kept, it retries as a fallback does, with
     the same ids, and wins its claim once it wins the lock. One read round; a read
-    that fails keeps the ids too."""
+    that fails keeps the ids too.
+
+    A copy whose ids already tried a claim that was undecided keeps them without
+    reading: its requests may land after any read (a read seeing nil on every node,
+    then its late requests naming it on a quorum), so no read can rule it out."""
     request = task.request
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
     if not waiter or not copy or request.is_eager or getattr(request, "redlock_keeps_ids", False):
+        return
+    if header(request, CLAIM_TRIED_HEADER):
+        request.redlock_keeps_ids = True
         return
     try:
         redlock = _redlock(task, options)

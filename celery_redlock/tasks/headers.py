@@ -15,9 +15,11 @@ from typing import Any
 
 __all__ = [
     "ARRIVAL_HEADER",
+    "CLAIM_TRIED_HEADER",
     "COPY_HEADER",
     "EARLIER_RUN_HEADER",
     "ENTRY_HEADER",
+    "IDS_HEADERS",
     "QUEUED_HEADER",
     "QUEUED_UNTIL_HEADER",
     "RETRIES_HEADER",
@@ -42,12 +44,18 @@ QUEUED_UNTIL_HEADER = "redlock_queued_until"
 WAITER_HEADER = "redlock_waiter"
 #: ...this message's own copy id (a redelivery keeps it)...
 COPY_HEADER = "redlock_copy"
+#: ...set once this message's ids have tried a claim whose round was undecided: its
+#: requests may still land, so it keeps its ids for good, reading nothing...
+CLAIM_TRIED_HEADER = "redlock_claim_tried"
 #: ...and the task's first contention time, ms since the epoch (its place in the queue).
 ARRIVAL_HEADER = "redlock_arrival"
 #: A release published this copy (a wake), not a countdown (its waiter's fallback).
 WOKEN_HEADER = "redlock_woken"
 #: This copy met its own task id's lock: an earlier run may have finished (redelivery.py).
 EARLIER_RUN_HEADER = "redlock_earlier_run"
+
+#: A copy's hand-off identity: kept together or dropped together.
+IDS_HEADERS = (WAITER_HEADER, COPY_HEADER, CLAIM_TRIED_HEADER)
 
 #: What a copy published again keeps of its message's headers: its lock retries, its
 #: beat tick, its place in a hand-off queue, its queue-once place (and until when it
@@ -72,9 +80,9 @@ def header(request: Any, name: str) -> Any:
 def kept_headers(request: Any) -> dict[str, Any]:
     """The headers to publish the running message again with: its own, those of
     :data:`KEPT_HEADERS` put back from the request (a worker's request may carry them
-    as attributes only), without the hand-off waiter's and copy's ids and mark."""
+    as attributes only), without the hand-off ids (:data:`IDS_HEADERS`) and mark."""
     headers = dict(getattr(request, "headers", None) or {})
-    for name in (WAITER_HEADER, COPY_HEADER, WOKEN_HEADER):
+    for name in (*IDS_HEADERS, WOKEN_HEADER):
         headers.pop(name, None)
     for name in KEPT_HEADERS:
         value = header(request, name)

@@ -40,7 +40,7 @@ from celery.exceptions import Ignore
 from .. import signals
 from ..lock.redlock import Lease
 from . import queue_once
-from .headers import COPY_HEADER, EARLIER_RUN_HEADER, WAITER_HEADER, header, kept_headers
+from .headers import EARLIER_RUN_HEADER, IDS_HEADERS, header, kept_headers
 from .limits import give_back, longest_countdown
 from .options import TaskOptions
 from .republish import copy_signature, publish_again
@@ -84,7 +84,7 @@ def wait_for_earlier_run(
     # A hand-off copy keeps its waiter and copy ids: the earlier delivery may be its
     # sibling (the wake or the fallback of the same waiter), and the claim, not only
     # the stored state, must still tell them apart (no result backend, ignore_result).
-    for name in (WAITER_HEADER, COPY_HEADER):
+    for name in IDS_HEADERS:
         if header(request, name):
             headers[name] = header(request, name)
     why = f"waiting for an earlier delivery of this task: back in {countdown:.1f}s"

@@ -323,6 +323,7 @@ def handoff_results() -> dict[str, HandoffResult]:
         "handoff-wake-registers-nothing",
         "handoff-crash-redelivery",
         "handoff-crash-redelivery-node-down",
+        "handoff-late-claim",
     ],
 )
 def test_handoff_protocol_is_safe_in_its_whole_state_space(
@@ -359,6 +360,7 @@ def test_with_a_node_down_a_split_claim_goes_round_instead_of_giving_up(
         ("handoff-no-fallback", LOST, "NO fallback"),
         ("handoff-rewake-as-wake", LOST, "wake (re-published) reads claim"),
         ("handoff-crash-redelivery-no-claim-read", LOST, "CRASHES in the body"),
+        ("handoff-late-claim-no-mark", LOST, "reads claim w1.1"),
         ("handoff-split-probe", SPLIT, "SPLIT"),
     ],
 )
@@ -397,6 +399,20 @@ def test_without_the_claim_read_a_redelivered_wake_goes_back_in_the_queue_and_is
     assert result.violation is not None and "T2 never ran and never gave up" in result.violation
 
 
+def test_a_copy_whose_claim_round_ended_early_keeps_its_ids_for_good(
+    handoff_results: dict[str, HandoffResult],
+) -> None:
+    marked = handoff_results["handoff-late-claim"]
+    assert marked.outcome == SAFE and marked.kept > 0, "\n".join(marked.trace)
+    # Without the mark: the read sees no claim, the copy takes a fresh copy id, its
+    # late requests then land and name the old one -- no copy can win any more.
+    trace = handoff_results["handoff-late-claim-no-mark"].trace
+    read = next(i for i, line in enumerate(trace) if "reads claim w1.1" in line)
+    assert "not its own" in trace[read]
+    assert any("claim w1.1 by copy 1: holds 1" in line for line in trace[read:])
+    assert any("loses claim w1.1" in line and "to copy 1" in line for line in trace)
+
+
 class _Replies:
     """A node set whose every round answers ``results`` (for the claim read)."""
 
@@ -427,6 +443,15 @@ def test_the_models_claim_read_is_the_packages(nodes: int) -> None:
             assert model.may_be_claimed_by(replies, copy) == package, (answers, copy)
             seen += package
     assert 0 < seen < 3 * 5**nodes  # both verdicts met
+
+
+def test_a_claim_the_silent_nodes_could_give_to_the_reader_by_plurality_may_be_its_own() -> None:
+    """Five nodes, two silent, the others naming copies 1, 1 and 2: copy 0 named by the
+    two silent ones would tie copy 1 on two nodes and win the tie (the smallest id)."""
+    results: list[object] = [ConnectionError("down")] * 2 + [[b"1", 1], [b"1", 1], [b"2", 1]]
+    nodes = cast(NodeSet, _Replies(results))
+    assert may_be_claimed_by(nodes, 3, "k", "w", "0", 1.0)
+    assert not may_be_claimed_by(nodes, 3, "k", "w", "3", 1.0)  # ties copy 1, and loses the tie
 
 
 # -- two beats, a lock node down (tools/modelcheck/beatsplit.py) ---------------------- #

@@ -132,6 +132,12 @@ class HandoffScenario:
     #: when the claim is, or may be, its own (else: the rule before redelivery was
     #: looked at, a control).
     claim_read: bool = True
+    #: a copy re-published after its own claim round was undecided is marked (the
+    #: claim-tried header) and keeps its ids for good, reading nothing: its requests
+    #: may land after any read (else: it reads like any copy, a control).
+    claim_tried: bool = True
+    #: the state to start from (``OPENINGS``), else every task's original in the queue.
+    opening: str = ""
     #: what a holder does with an undecided claim once its retries are spent:
     #: "give-up" (as any spent budget) or "republish" (spends nothing, goes again).
     exhausted_undecided: str = "republish"
@@ -160,6 +166,8 @@ class Msg(NamedTuple):
     copy: int
     #: lock retries spent, carried in the message.
     tries: int
+    #: the claim-tried header: its ids tried a claim whose round was undecided.
+    tried: bool = False
 
 
 class Proc(NamedTuple):
@@ -174,6 +182,7 @@ class Proc(NamedTuple):
     #: the claim values its nodes answered (a multiset: which node said what does
     #: not matter, and each request is answered once).
     replies: tuple[int, ...]
+    tried: bool = False
 
 
 class ClaimReq(NamedTuple):
@@ -236,6 +245,8 @@ class HandoffModel:
 
     def initial(self) -> State:
         sc = self.sc
+        if sc.opening:
+            return OPENINGS[sc.opening](sc)
         return State(
             _sorted(Msg(t, ORIGINAL, 0, 0, 0) for t in range(sc.tasks)), (), FREE, (),
             tuple(() for _ in range(sc.nodes)), (), tuple(False for _ in range(sc.nodes)),
@@ -307,7 +318,7 @@ class HandoffModel:
 
     def _deliver(self, s: State, m: Msg) -> Step:
         rest = s._replace(msgs=_remove(s.msgs, m))
-        proc = Proc(m.task, m.kind, m.wid, m.copy, m.tries, ACQUIRE, ())
+        proc = Proc(m.task, m.kind, m.wid, m.copy, m.tries, ACQUIRE, (), m.tried)
         if not self.new and m.wid > 0 and self.sc.claim:
             return (f"worker runs {_msg(m)}: claims", self._send(rest, proc, FIRST_CLAIM), None)
         return (f"worker runs {_msg(m)}: starts", _with(rest, proc), None)
@@ -378,7 +389,7 @@ class HandoffModel:
         if not self.sc.redeliver:
             return (what, crashed, None)
         kind = REDELIVERED_WAKE if p.kind in WAKES else p.kind
-        m = Msg(p.task, kind, p.wid, p.copy, p.tries)
+        m = Msg(p.task, kind, p.wid, p.copy, p.tries, p.tried)
         outcome = _at(crashed.outcome, p.task, CRASHED)
         nxt = crashed._replace(msgs=_sorted((*crashed.msgs, m)), outcome=outcome)
         return (f"{what}, the broker delivers {_msg(m)} again", nxt, None)
@@ -399,6 +410,8 @@ class HandoffModel:
                 nxt = self._send(rest._replace(lock=p.task), p, CLAIM)
                 return [(f"{who} acquires the lock, claims {_wid(p.task, p.wid)}", nxt, None)]
             return [self._start_body(rest, p, f"{who} acquires the lock")]
+        if self.new and p.wid > 0 and sc.claim and p.tried:
+            return self._keep(rest, p, f"{who} contended, its claim tried:")
         if self.new and p.wid > 0 and sc.claim and sc.claim_read:
             nxt = _with(rest, p._replace(step=READ))
             return [(f"{who} contended: reads the claim of {_wid(p.task, p.wid)}", nxt, None)]
@@ -504,7 +517,8 @@ class HandoffModel:
         (``replies``: the values of the nodes that answered, NIL for none): False only
         when they rule ``copy`` out -- a quorum names another copy, every node holds a
         claim and the plurality (ties to the smallest) is another copy's, or enough
-        answered to decide and none names it."""
+        answered to decide, none names it, and it could not win the plurality even if
+        every node that did not answer named it."""
         sc = self.sc
         named = [v for v in replies if v != NIL]
         counts = {v: named.count(v) for v in set(named)}
@@ -516,23 +530,30 @@ class HandoffModel:
             return False  # another copy won
         if len(named) == sc.nodes:
             return min(counts, key=lambda v: (-counts[v], v)) == copy
-        return copy in counts  # a split: its own only if a node names it
+        if copy in counts:
+            return True  # a split naming it
+        if len(named) + sc.nodes - len(replies) < sc.nodes:
+            return False  # a node holds no claim: no plurality yet
+        counts[copy] = sc.nodes - len(replies)  # every silent node naming it
+        return min(counts, key=lambda v: (-counts[v], v)) == copy
 
     def _read(self, rest: State, p: Proc, who: str, early: bool) -> list[Step]:
         late = ", deadline passed" if early else ""
         read = f"reads claim {_wid(p.task, p.wid)} ({_values(p.replies)}{late})"
         if not self.may_be_claimed_by(p.replies, p.copy):
             return self._contended(rest, p._replace(replies=()), f"{who} {read}: not its own;")
+        return self._keep(rest, p, f"{who} {read}: may be its own,")
+
+    def _keep(self, rest: State, p: Proc, what: str) -> list[Step]:
+        """A contended copy that keeps its ids: as after an undecided claim
+        (publish_retry's ``keep``): same ids, one retry spent, nothing registered."""
         self.kept += 1
         if p.tries >= self.sc.budget:
             nxt = self._send(rest, p, LAST_CLAIM)
-            return [(f"{who} {read}: may be its own, retries spent: claims to give up", nxt, None)]
-        # As after an undecided claim (publish_retry's ``keep``): same ids, one retry
-        # spent, nothing registered.
-        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1)
+            return [(f"{what} retries spent: claims to give up", nxt, None)]
+        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1, p.tried)
         nxt = rest._replace(msgs=_sorted((*rest.msgs, again)))
-        return [(f"{who} {read}: may be its own: re-published, same ids, one retry spent",
-                 nxt, None)]  # fmt: skip
+        return [(f"{what} re-published, same ids, one retry spent", nxt, None)]
 
     def _winner(self, p: Proc) -> Optional[int]:
         sc = self.sc
@@ -584,7 +605,7 @@ class HandoffModel:
                 if rest.outcome[p.task] in (PENDING, CRASHED):
                     base = base._replace(outcome=_at(base.outcome, p.task, SPINNING))
                 return (f"{undecided}: goes round until the down node is back", base, None)
-            again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries)
+            again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries, self.sc.claim_tried)
             nxt = base._replace(msgs=_sorted((*base.msgs, again)))
             return (f"{undecided}: re-published, same ids, no retry spent", nxt, None)
         if spent:
@@ -592,7 +613,7 @@ class HandoffModel:
             return (f"{undecided}, retries spent: GIVES UP", nxt, bad)
         # Re-published with a countdown like a fallback (the broker keeps it as it keeps
         # any message: only the waker's publish can be missing), same ids.
-        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1)
+        again = Msg(p.task, self._again(p), p.wid, p.copy, p.tries + 1, self.sc.claim_tried)
         nxt = base._replace(msgs=_sorted((*base.msgs, again)))
         return (f"{undecided}: re-published, same ids, one retry spent", nxt, None)
 
@@ -659,3 +680,26 @@ def _values(replies: tuple[int, ...]) -> str:
 def _msg(m: Msg) -> str:
     ids = f" {_wid(m.task, m.wid)} copy {m.copy}" if m.wid else ""
     return f"{_name(m.task)} {KIND_NAMES[m.kind]}{ids} (retries {m.tries})"
+
+
+def _late_claim(sc: HandoffScenario) -> State:
+    """T1's fallback (waiter w1.1, copy 1, one retry spent) won the lock, claimed, and
+    decided the claim undecided before any request landed (its deadline): its three
+    SET NX requests are still on their way, nobody awaits their replies. It gave the
+    lock back and was re-published with the same ids (the claim-tried mark where the
+    design has it); T2 took the lock and runs its body; w1.1 still waits in the queue.
+    The shortest way here from the start takes 15 steps and a lock retry budget the
+    breadth-first scenarios cannot afford (SAFETY.md, "A claim request that lands
+    after its round")."""
+    t1 = 0
+    inflight = tuple(ClaimReq(i, t1, 1, 1, False) for i in range(sc.nodes))
+    return State(
+        (Msg(t1, FALLBACK, 1, 1, 1, sc.claim_tried),), (Proc(1, ORIGINAL, 0, 0, 0, BODY, ()),),
+        1, ((t1, 1, 1),), tuple(() for _ in range(sc.nodes)), inflight,
+        tuple(False for _ in range(sc.nodes)), (PENDING, RAN), ((2, 2), (1, 1)),
+        sc.dup_wakes, sc.crashes, sc.early,
+    )  # fmt: skip
+
+
+#: States to start a scenario from, by name (``HandoffScenario.opening``).
+OPENINGS = {"late-claim": _late_claim}

@@ -199,8 +199,10 @@ def handoff_scenarios() -> list[HandoffScenario]:
         ),
         HandoffScenario(
             "handoff-rewake-as-wake",
-            "control: a wake re-published after an undecided claim still acts as a wake",
+            "control: a wake re-published after an undecided claim still acts as a wake "
+            "(without the claim-tried mark, which would keep its ids whatever it acts as)",
             republish_as="wake",
+            claim_tried=False,
             dup_wakes=0,
             expect_kind=LOST,
             **control,  # type: ignore[arg-type]
@@ -271,6 +273,53 @@ def handoff_scenarios() -> list[HandoffScenario]:
             early=0,
             expect_kind=LOST,
             **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-late-claim",
+            "from a claim whose round ended before its requests landed (three lock retries, "
+            "one spent; its requests still on their way): the copy keeps its ids for good; "
+            "holder crash, lost and duplicate wakes",
+            budget=3,
+            opening="late-claim",
+        ),
+        HandoffScenario(
+            "handoff-late-claim-no-mark",
+            "control: the same, no crash or duplicate wake, the copy reading the claim as "
+            "any copy does (nil everywhere: not its own, a fresh copy id; then its late "
+            "requests land)",
+            budget=3,
+            opening="late-claim",
+            claim_tried=False,
+            dup_wakes=0,
+            crashes=0,
+            expect_kind=LOST,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
+            "handoff-late-claim-node-down",
+            "the late claim with one of the 3 nodes going down for good at any moment",
+            budget=3,
+            opening="late-claim",
+            down=1,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-late-claim-redelivery",
+            "the late claim with the claim's winner killed in its body and delivered again",
+            budget=3,
+            opening="late-claim",
+            redeliver=True,
+            crash_claimants_only=True,
+            full_only=True,
+        ),
+        HandoffScenario(
+            "handoff-late-claim-early",
+            "the late claim with two more early decisions (replies late or lost)",
+            budget=3,
+            opening="late-claim",
+            dup_wakes=0,
+            early=2,
+            full_only=True,
         ),
         HandoffScenario(
             "handoff-claim-retry",
