@@ -17,10 +17,11 @@ from .errors import (
     RedlockError,
 )
 from .lock.redlock import HolderInfo, Lease, NodeHolding, Redlock
-from .skipped import SKIPPED, is_skipped
+from .skipped import REPLACED, SKIPPED, is_replaced, is_skipped
 from .tasks.task import RedlockTask, redlock_task
 
 __all__ = [
+    "REPLACED",
     "SKIPPED",
     "AlreadyHeld",
     "AlreadyQueued",
@@ -35,6 +36,7 @@ __all__ = [
     "Redlock",
     "RedlockError",
     "RedlockTask",
+    "is_replaced",
     "is_skipped",
     "redlock_task",
     "signals",

@@ -13,7 +13,9 @@ What you get (prefix ``celery_redlock_``; label ``task`` is the task name)::
 
     acquire_seconds{task}           histogram  time to win the lock (0.5 ms .. 1 s buckets)
     contended_total{task,action}    counter    duplicates that met a held lock;
-                                               action = retry | skip | fail | wait
+                                               action = retry | skip | fail | wait |
+                                               replaced (a queued copy replaced by a
+                                               newer one, counted where it arrives)
     limited_total{task,kind}        counter    copies turned away by a limit, rate or
                                                cooldown: kind = limit | rate | cooldown
     extended_total{task}            counter    watchdog renewals

@@ -34,7 +34,9 @@ lock_contended = Signal(
 """Another holder has the lock. ``holder``: who (``task-id@worker:pid``); ``ttl``: seconds
 until it frees (None if unknown); ``action``: ``"retry"``, ``"skip"`` or ``"fail"``, or
 ``"wait"`` for a copy over its rate or one that met its own task id's earlier
-delivery (it comes back, spending no lock retry);
+delivery (it comes back, spending no lock retry), ``"replaced"`` for a queued copy
+that a newer one replaced (``redlock_on_queued="replace"``; ``holder``: the
+replacement's task id; its body does not run);
 ``countdown`` (seconds) when it comes back, ``attempt`` (1-based lock retry) when
 retrying, else None; ``limit``: what was reached on a key with several permits
 (``"limit 5/5"``, ``"rate 100/m"``), None for a mutex."""

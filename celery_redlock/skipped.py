@@ -7,6 +7,11 @@ at once, a group or chord counts the copy as done, ``link`` callbacks and the ne
 step of a chain receive the marker. Nothing else about the copy is hidden: the WARNING
 line and the ``lock_contended`` signal report it as before.
 
+A copy replaced in the queue by a newer one (``redlock_on_queued="replace"``) ends the
+same way with the ``Replaced`` marker, naming the copy that replaced it; the replacer
+stores it the moment it replaces the copy, so a caller holding the old ``AsyncResult``
+has it at once.
+
 A plain dict, so any result serializer (json, msgpack, pickle) carries it unchanged.
 
 Imports nothing of the package.
@@ -16,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-__all__ = ["SKIPPED", "is_skipped", "skipped_result"]
+__all__ = ["REPLACED", "SKIPPED", "is_replaced", "is_skipped", "replaced_result", "skipped_result"]
 
 #: The marker's ``redlock`` value: ``result.get()["redlock"] == SKIPPED``.
 SKIPPED = "SKIPPED"
+#: ...and a replaced copy's: ``result.get()["redlock"] == REPLACED``.
+REPLACED = "REPLACED"
 
 
 def skipped_result(
@@ -53,3 +60,19 @@ def is_skipped(value: object) -> bool:
     """True for the return value of a skipped copy (a chord callback's argument, a
     ``link`` callback's, ``AsyncResult.get()``'s)."""
     return isinstance(value, dict) and value.get("redlock") == SKIPPED
+
+
+def replaced_result(key: str, by: str) -> dict[str, Any]:
+    """The return value of a copy replaced in the queue: ``key`` its lock key, ``by``
+    the task id of the copy that replaced it (``AsyncResult(by)`` follows it)."""
+    return {
+        "redlock": REPLACED,
+        "key": key,
+        "by": by,
+        "reason": f"replaced in the queue by {by} before it started",
+    }
+
+
+def is_replaced(value: object) -> bool:
+    """True for the return value of a copy replaced in the queue by a newer one."""
+    return isinstance(value, dict) and value.get("redlock") == REPLACED

@@ -50,6 +50,7 @@ __all__ = [
     "RELEASE",
     "RELEASE_HOLD",
     "RELEASE_MULTI",
+    "SWAP_PLACE",
     "WAKE_SUFFIX",
     "Script",
 ]
@@ -379,6 +380,35 @@ return redis.call('get', KEYS[1])
 """
 )
 
+SWAP_PLACE: Final = Script(
+    """
+-- Queue once, a newer copy replacing the queued one (lock/places.py).
+-- KEYS[1] the queue place; ARGV[1] the new value (token|holder); ARGV[2] ttl in ms;
+-- ARGV[3..] the holders it may name (task ids of copies replaced or started)
+-- returns 1 when the place named one of them, was free, or already held ARGV[1], and
+--         now holds ARGV[1] for ttl; 0 when it names another copy (left untouched)
+local held = redis.call('get', KEYS[1])
+if held == ARGV[1] then
+  return 1
+end
+if held then
+  local bar = string.find(held, '|', 1, true)
+  local holder = bar and string.sub(held, bar + 1)
+  local named = false
+  for i = 3, #ARGV do
+    if holder == ARGV[i] then
+      named = true
+    end
+  end
+  if not named then
+    return 0
+  end
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+)
+
 ALL_SCRIPTS: Final = (
     ACQUIRE,
     ACQUIRE_FENCED,
@@ -397,6 +427,7 @@ ALL_SCRIPTS: Final = (
     REGISTER_WAITER,
     POP_WAITER,
     CLAIM_WAITER,
+    SWAP_PLACE,
 )
 # Every connection loads them in its handshake (wire/script.py), so the first EVALSHA
 # of each finds its script.

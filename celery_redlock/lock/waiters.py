@@ -41,6 +41,7 @@ __all__ = [
     "claim",
     "claim_command",
     "claim_verdict",
+    "claim_winner",
     "may_be_claimed_by",
     "pop_command",
     "pop_next",
@@ -157,11 +158,26 @@ def _named(reply: object) -> Optional[str]:
 
 
 class Claim(NamedTuple):
-    """A claim round's outcome: the verdict, and each node that did not answer."""
+    """A claim round's outcome: the verdict, each node that did not answer, and the
+    copy id that won (None while undecided)."""
 
     verdict: str
     #: The silent or failing nodes (address -> error): why a claim is undecided.
     errors: dict[str, object]
+    winner: Optional[str] = None
+
+
+def claim_winner(results: list[object], quorum: int) -> Optional[str]:
+    """The copy id a claim round's replies settle on: one on a quorum, or, when every
+    node answered with one, the plurality (ties to the smallest); else None."""
+    held = [n for n in map(_named, results) if n is not None]
+    counts = Counter(held)
+    for value, count in counts.items():
+        if count >= quorum:
+            return value
+    if held and len(held) == len(results):
+        return min(counts, key=lambda v: (-counts[v], v))
+    return None
 
 
 def claim(
@@ -176,7 +192,7 @@ def claim(
     errors: dict[str, object] = {
         node.address: r for node, r in zip(nodes.nodes, results) if isinstance(r, BaseException)
     }
-    return Claim(claim_verdict(results, copy, quorum), errors)
+    return Claim(claim_verdict(results, copy, quorum), errors, claim_winner(results, quorum))
 
 
 def may_be_claimed_by(

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigurationError
 from ..lock import validate
-from .options import BY_NAME, TaskOptions, checked
+from .options import BY_NAME, TaskOptions, check_replace, checked
 
 __all__ = [
     "CALL_OPTIONS",
@@ -102,13 +102,24 @@ def call_options(options: TaskOptions, redlock: Any = None, once: Any = None) ->
     if redlock is not None:
         accepted = {BY_NAME[name].field: name for name in CALL_OPTIONS}
         values = _call_mapping("redlock", redlock, accepted)
-        return replace(
+        called = replace(
             options,
             **{
                 field: checked(accepted[field], value, shown_as=f"redlock[{field!r}]")
                 for field, value in values.items()
             },
         )
+        if (called.on_queued == "replace") != (options.on_queued == "replace"):
+            # A queued copy claims its fate when it starts only under the task's own
+            # option: one call cannot make its copy replaceable, or replace a copy
+            # that will not claim.
+            raise ConfigurationError(
+                "redlock['on_queued']: \"replace\" is a task option "
+                '(redlock_on_queued="replace"), not switched on or off per call; one '
+                'call may choose "return" or "raise" for a task whose option is not "replace"'
+            )
+        check_replace(called, "redlock['on_queued']")
+        return called
     if once is None:
         return options
     for name in once if isinstance(once, Mapping) else ():

@@ -98,6 +98,10 @@ def acquire_confirmed(
         time.sleep(random.uniform(*pause))
 
 
+#: How long a starting task keeps trying when nobody won the vote (seconds).
+SPLIT_VOTE_PATIENCE = 0.5
+
+
 def acquire_or_contended(
     redlock: Redlock,
     key: str,

@@ -94,7 +94,7 @@ def claim_copy(task: Any, key: str, options: TaskOptions, lease: Optional[Lease]
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
     if not waiter or not copy or request.is_eager:
         return
-    verdict, errors = _claim(task, key, options, str(waiter), str(copy))
+    verdict, errors, _ = _claim(task, key, options, str(waiter), str(copy))
     if verdict == handoff.CLAIM_WON:
         return
     give_back(lease, key)
@@ -119,7 +119,7 @@ def claim_to_give_up(task: Any, key: str, options: TaskOptions, attempt: int) ->
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
     if not waiter or not copy or request.is_eager:
         return
-    verdict, errors = _claim(task, key, options, str(waiter), str(copy))
+    verdict, errors, _ = _claim(task, key, options, str(waiter), str(copy))
     if verdict == handoff.CLAIM_WON:
         return
     if verdict == handoff.CLAIM_LOST:

@@ -41,6 +41,7 @@ __all__ = [
     "Option",
     "TaskAttribute",
     "TaskOptions",
+    "check_replace",
     "check_setting_names",
     "check_task_names",
     "readme_table",
@@ -51,7 +52,7 @@ Scope = Literal["app", "task", "beat"]
 
 ON_CONTENDED = ("retry", "skip", "fail")
 ON_EXHAUSTED = ("fail", "skip")
-ON_QUEUED = ("return", "raise")
+ON_QUEUED = ("return", "raise", "replace")
 QUEUED_UNTIL = ("start", "end")
 
 
@@ -247,8 +248,9 @@ OPTIONS: tuple[Option, ...] = (
         "return",
         partial(validate.choice, accepted=ON_QUEUED),
         "task",
-        'duplicate enqueue: `"return"` the queued copy\'s `AsyncResult`, or `"raise"` '
-        "`AlreadyQueued`",
+        'duplicate enqueue: `"return"` the queued copy\'s `AsyncResult`, `"raise"` '
+        '`AlreadyQueued`, or `"replace"` the queued copy (the newest arguments run; the '
+        "replaced copy ends at once with the `Replaced` marker naming its replacement)",
     ),
     Option(
         "redlock_queued_until",
@@ -352,6 +354,7 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
             "without, nothing would limit the task (give a rate, a cooldown, or a limit "
             f"from 1 to {validate.MAX_PERMITS})"
         )
+    check_replace(options, "redlock_on_queued")
     if options.retry_backoff_max < options.retry_backoff:
         raise ConfigurationError(
             f"redlock_retry_backoff_max ({options.retry_backoff_max}s) must be >= "
@@ -366,6 +369,23 @@ def task_options(values: dict[str, Any]) -> TaskOptions:
             f"redlock_retry_backoff_max + redlock_ttl ({longest_fallback}s)"
         )
     return options
+
+
+def check_replace(options: TaskOptions, shown: str) -> None:
+    """``on_queued="replace"`` (``shown``: how the caller named it) needs queue once,
+    with the place handed back at the start: a running copy cannot be replaced."""
+    if options.on_queued != "replace":
+        return
+    if not options.dedupe_queued:
+        raise ConfigurationError(
+            f'{shown}="replace" needs redlock_dedupe_queued=True (queue once): without '
+            "it no copy is queued once, so there is none to replace"
+        )
+    if options.queued_until != "start":
+        raise ConfigurationError(
+            f'{shown}="replace" needs redlock_queued_until="start": with "end" the place '
+            "names a running copy, which cannot be replaced"
+        )
 
 
 def as_settings(options: TaskOptions) -> dict[str, Any]:

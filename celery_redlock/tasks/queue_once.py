@@ -7,7 +7,8 @@ holding the new task id, and send the message with the lock's value in the
 ``dedupe_queued`` with ``apply_async(..., redlock={...})``, or pass celery-once's
 ``once={"graceful": ..., "timeout": ...}`` (see call_options.py). A duplicate
 enqueue publishes nothing and gets the queued copy's ``AsyncResult`` back (or
-``AlreadyQueued``). The queued copy hands its place back when it wins its run-time
+``AlreadyQueued``); with ``redlock_on_queued="replace"`` it replaces the queued copy
+instead (replace.py). The queued copy hands its place back when it wins its run-time
 lock (with ``redlock_queued_until="end"``: when its run ends, so that a duplicate
 enqueue meanwhile gets the running copy), when it is skipped or failed, and when it
 is revoked; a lost message frees it after ``redlock_queued_ttl``.
@@ -20,7 +21,8 @@ lock still keeps it from running beside another copy.
 
 The functions take the RedlockTask as ``task`` (its ``redlock_options()``,
 ``lock_key()``, ``app``, ``request``): task.py calls them from its hooks. Imports
-config.py, options.py, contention.py, headers.py and errors.py; never task.py.
+config.py, options.py, contention.py, headers.py, replace.py and errors.py; never
+task.py.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable, Optional
 from celery.utils import uuid
 
 from ..errors import AlreadyQueued, LockContended, QuorumUnavailable
+from . import replace
 from .call_options import call_options
 from .config import TaskOptions, app_config
 from .contention import acquire_or_contended
@@ -78,7 +81,8 @@ def enqueue(
         return send(args, kwargs, task_id=task_id, **options)
     if not opts.dedupe_queued or any(options.get(name) for name in CANVAS_OPTIONS):
         return send(args, kwargs, task_id=task_id, **options)
-    key = task.lock_key(args, kwargs) + QUEUED_SUFFIX
+    lock_key = task.lock_key(args, kwargs)
+    key = lock_key + QUEUED_SUFFIX
     task_id = task_id or uuid()
     redlock = app_config(task.app).redlock(opts.node_timeout, False)
     try:
@@ -86,6 +90,13 @@ def enqueue(
             redlock, key, opts.queued_ttl, task_id, QUEUE_PLACE_PATIENCE, retry_unavailable=True
         )
     except LockContended as exc:
+        if opts.on_queued == "replace" and exc.holder:
+            # Even a split place names copies that were queued: each one's fate leads
+            # to the copy queued now (replacements swap the place node by node).
+            return replace.enqueue(
+                task, send, args, kwargs, task_id, options, opts, lock_key, key, exc.holder,
+                QUEUE_PLACE_PATIENCE,
+            )  # fmt: skip
         if exc.split or not exc.holder:
             # The vote split for the whole patience, nobody holds the place: not sent,
             # and the caller knows (pointing at a copy that may not exist would drop it).

@@ -78,15 +78,15 @@ from celery.utils import uuid
 from .. import signals
 from ..errors import ConfigurationError, LockContended, QuorumUnavailable
 from ..lock import reentry
-from ..lock.redlock import Lease, Redlock
+from ..lock.redlock import Lease
 from ..lock.watchdog import get_watchdog
 from ..skipped import SKIPPED, is_skipped, skipped_result
-from . import cooldown, limits, queue_once, redelivery
+from . import cooldown, limits, queue_once, redelivery, replace, tick_once
 from . import handoff as waiting
 from .call_options import once_task_options
 from .config import app_config
-from .contention import acquire_or_contended, report, retry_countdown, verdict
-from .headers import ENTRY_HEADER, RETRIES_HEADER, TICK_HEADER, header
+from .contention import SPLIT_VOTE_PATIENCE, report, retry_countdown, verdict
+from .headers import RETRIES_HEADER, header
 from .keys import lock_key, validate_spec
 from .options import (
     OPTIONS,
@@ -244,8 +244,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         request.redlock_inline_attempts = 0
         request.redlock_wait_until = None
         request.redlock_keeps_ids = False  # handoff.py: keep the waiter's ids
-        request.redlock_skipped = self._redlock_once_per_tick(
-            config.key_prefix, options, redlock, holder
+        request.redlock_skipped = tick_once.once_per_tick(
+            self, config.key_prefix, options, redlock, holder, self._redlock_contended
         )
         if request.redlock_skipped is not None:
             return
@@ -257,7 +257,10 @@ class RedlockTask(Task):  # type: ignore[misc]
                 waiting.claim_copy(self, key, options, lease)  # Ignore: another copy ran
                 redelivery.drop_if_finished_earlier(self, key, options, lease)
                 limits.admit_start(self, key, options, redlock, holder, lease)
-                request.redlock_skipped = cooldown.admit_cooldown(
+                place = key + queue_once.QUEUED_SUFFIX  # replaced in the queue, or not run
+                request.redlock_skipped = replace.claim_own_fate(
+                    self, key, place, options, lease
+                ) or cooldown.admit_cooldown(
                     self, config.key_prefix, key, options, redlock, holder, lease
                 )
                 if request.redlock_skipped is not None:
@@ -302,39 +305,6 @@ class RedlockTask(Task):  # type: ignore[misc]
         signals.lock_acquired.send(
             sender=self, task_id=task_id, key=key, lease=lease, elapsed=time.monotonic() - started
         )
-
-    def _redlock_once_per_tick(
-        self, prefix: str, options: TaskOptions, redlock: Redlock, holder: str
-    ) -> Optional[dict[str, Any]]:
-        """A beat tick runs once even if it was sent twice: beat's header names the
-        entry and tick, and the first copy to start takes ``<prefix>:beat-ran:...``
-        (never released; it expires after ``redlock_ttl``). A later attempt of that
-        same copy (a lock retry) is recognised by its task id and goes on. Returns
-        the Skipped marker for a later copy, None to go on."""
-        request = self.request
-        tick, entry = header(request, TICK_HEADER), header(request, ENTRY_HEADER)
-        if tick is None or not entry:
-            return None
-        key = f"{prefix}:beat-ran:{entry}:{tick}"
-        try:
-            acquire_or_contended(redlock, key, options.ttl, holder, SPLIT_VOTE_PATIENCE)
-        except QuorumUnavailable:
-            return None  # the run-time lock below meets the same outage and handles it
-        except LockContended as exc:
-            if exc.split:  # nobody holds the tick: that it ran is unproven, come back
-                return self._redlock_contended(key, options, exc, exc.holder, exc.ttl)
-            if redelivery.is_earlier_run(self, exc.holder):
-                return None
-            logger.warning(
-                "beat tick already ran: task %s[%s] entry %s tick %s ran as %s -> skipped",
-                self.name, request.id, entry, tick, exc.holder or "unknown",
-            )  # fmt: skip
-            signals.lock_contended.send(
-                sender=self, task_id=request.id, key=key, holder=exc.holder, ttl=exc.ttl,
-                action="skip", countdown=None, attempt=None,
-            )  # fmt: skip
-            return skipped_result(key, exc.holder, f"beat tick {tick} of {entry} already ran")
-        return None
 
     def _redlock_contended(
         self,
@@ -448,9 +418,6 @@ class RedlockTask(Task):  # type: ignore[misc]
         if options.handoff:
             waiting.wake_next(self, lease.key, options, settled=True)
 
-
-#: How long a starting task keeps trying when nobody won the vote (seconds).
-SPLIT_VOTE_PATIENCE = 0.5
 
 # The task options as documented class attributes, from the option table.
 for _option in OPTIONS:

@@ -81,7 +81,7 @@ def test_of_two_copies_racing_for_one_waiter_exactly_one_wins(three: RedisNodes)
 
 def test_a_redelivered_copy_finds_its_own_claim(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
-    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == (CLAIM_WON, {})
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == (CLAIM_WON, {}, "copy-a")
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
     assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT).verdict == CLAIM_LOST
 
@@ -90,7 +90,8 @@ def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisNodes) -> No
     three[0].kill()
     three[1].kill()
     nodes = Redlock(three.urls).node_set
-    verdict, errors = claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT)
+    verdict, errors, winner = claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT)
+    assert winner is None
     assert verdict == CLAIM_UNDECIDED
     assert sorted(errors) == sorted(node.address for node in nodes.nodes[:2])  # named
 
