@@ -87,3 +87,31 @@ cooled = _task(
     "cooled", "cool:{tag}", base=AdmittedTask, redlock_limit="unlimited",
     redlock_cooldown=COOLDOWN, redlock_on_contended="skip",
 )  # fmt: skip
+
+#: Queue once, a duplicate enqueue replacing the queued copy (a debounce with the
+#: callers' countdown). The test's callers send it through a client task made with
+#: the same options (:func:`replacing_client`): the replacing happens in the caller.
+REPLACED_OPTIONS: dict[str, Any] = {
+    "redlock_ttl": TTL,
+    "redlock_dedupe_queued": True,
+    "redlock_on_queued": "replace",
+}
+
+
+def _replaced(
+    self: Any, tag: str, version: int, seconds: float = 0.0, counter: str = "repl"
+) -> dict[str, Any]:
+    observer().hset(f"versions:{counter}", self.request.id, version)
+    return pool_body(self, tag, seconds, counter, 0.0)
+
+
+replaced = redlock_task(app, "replaced", _replaced, "repl:{tag}", **REPLACED_OPTIONS)
+
+
+def replacing_client(broker_url: str, nodes: list[str]) -> Any:
+    """The ``replaced`` task in a caller's process (its body never runs there): an
+    app on the test's broker and lock nodes with this app's name and key prefix, so
+    its queue places and fates are the workers'."""
+    client = factory.worker_app("limitsapp", 0.05, 0.3, backend=broker_url)
+    client.conf.update(broker_url=broker_url, redlock_nodes=nodes)
+    return redlock_task(client, "replaced", _replaced, "repl:{tag}", **REPLACED_OPTIONS)
