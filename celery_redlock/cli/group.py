@@ -23,12 +23,13 @@ from .common import configured_nodes, full_key
 from .doctor import configuration_error_document, run_doctor
 from .holders import holder_document
 from .listing import list_locks
-from .permits import Permits, permits_document, read_key
+from .permits import Permits, permits_document, read_key, read_queued_and_cooldown
 from .printing import (
     print_doctor,
     print_json,
     print_ls,
     print_permits_deletion,
+    print_queued_and_cooldown,
     print_release,
     print_show,
 )
@@ -93,17 +94,23 @@ def show(ctx: click.Context, key: str, timeout: float, as_json: bool) -> None:
 
     KEY is a full key ('redlock:import:42') or one relative to the prefix ('import:42').
     A key with a limit or a rate: the terms each node records, which permits a quorum
-    holds, and every slot node by node.
+    holds, and every slot node by node. Then the copy queued for KEY (queue once)
+    and its cooldown (redlock_cooldown), when there are.
     """
     config = load_config(ctx)
     lock = open_redlock(config, timeout)
-    info, permits = read_key(lock, full_key(key, config.key_prefix), timeout)
+    full = full_key(key, config.key_prefix)
+    info, permits = read_key(lock, full, timeout)
     document = holder_document(info)
     document["permits"] = [permits_document(p, per_node=True) for p in permits]
+    queued, cooling = read_queued_and_cooldown(lock, config.key_prefix, full, timeout)
+    document["queued"] = holder_document(queued) if queued.holder else None
+    document["cooldown"] = permits_document(cooling) if cooling else None
     if as_json:
         print_json(ctx, document)
     else:
         print_show(ctx, info, document, permits)
+        print_queued_and_cooldown(ctx, document)
     if all(n.error is not None for n in info.nodes):
         ctx.exit(1)
 

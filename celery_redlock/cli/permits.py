@@ -32,6 +32,8 @@ from ..lock.stored import (
     permit_slot,
     permit_terms_record,
 )
+from ..tasks.cooldown import cooldown_key
+from ..tasks.queue_once import QUEUED_SUFFIX
 from ..wire.node_set import Node
 from .common import configured_nodes, error_text, glob_literal, on_each_node, text
 from .holders import holder_document, read_holdings
@@ -324,3 +326,13 @@ def read_key(lock: Redlock, key: str, timeout: float) -> tuple[HolderInfo, list[
     errors = {n.node: n.error for n in info.nodes}
     earlier = [errors.get(node.address) for node in nodes]
     return info, read_key_permits(nodes, key, earlier, lock.quorum, timeout)
+
+
+def read_queued_and_cooldown(
+    lock: Redlock, prefix: str, key: str, timeout: float
+) -> tuple[HolderInfo, Optional[Permits]]:
+    """The queue-once place of lock key ``key`` (who is queued) and its cooldown (the
+    one start counted, and when it frees), each read from every node."""
+    queued = lock.holder(key + QUEUED_SUFFIX)
+    _, counted = read_key(lock, cooldown_key(prefix, key), timeout)
+    return queued, next(iter(counted), None)

@@ -160,6 +160,17 @@ def print_show(
         _print_permits(ctx, each)
 
 
+def print_queued_and_cooldown(ctx: click.Context, document: dict[str, Any]) -> None:
+    """``show``'s last lines: the copy queued for the key, and its cooldown."""
+    echo = ctx.obj.echo
+    queued, cooling = document["queued"], document["cooldown"]
+    if queued is not None:
+        state = "" if queued["quorum_agrees"] else " (NOT held by a quorum)"
+        echo(f"\nqueued    {queued['holder']}{state} (queue once: the copy waiting to run)")
+    if cooling is not None:
+        echo(f"\ncooldown  {cooling['summary']}")
+
+
 def _print_permits(ctx: click.Context, permits: Permits) -> None:
     """A key's limit or rate: the terms, each slot a quorum holds, then every slot
     node by node."""

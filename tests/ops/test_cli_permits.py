@@ -9,6 +9,7 @@ through the real ``celery`` program; the rest invoke the click group in-process.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -563,3 +564,23 @@ def test_a_cooldown_is_listed_with_its_end_and_a_forced_release_ends_it(
     result = invoke(nodes.urls, "release", key, "--force", "--all-permits", input="y\n")
     assert result.exit_code == 0, result.output
     assert lock.admit(key, (1, 60.0)) == 0.0  # the cooldown has ended
+
+
+def test_show_names_the_queued_copy_and_the_cooldown_of_a_key(
+    nodes: RedisNodes, lock: Redlock
+) -> None:
+    key = "redlock:report:8"
+    queued = lock.acquire(key + ":queued", ttl=60, holder="queued-task-id")
+    assert queued is not None
+    assert lock.admit(cooldown_key("redlock", key), (1, 60.0), holder="t@w:1") == 0.0
+    result = invoke(nodes.urls, "show", "report:8")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "queued    queued-task-id (queue once: the copy waiting to run)" in lines
+    (cooling,) = [line for line in lines if line.startswith("cooldown  ")]
+    assert "rate 1/1 per 1m in the window (next frees in " in cooling
+    document = json.loads(invoke(nodes.urls, "show", "report:8", "--json").output)
+    assert document["queued"]["task_id"] == "queued-task-id"
+    assert document["cooldown"]["held"] == 1
+    result = invoke(nodes.urls, "show", "report:9")  # neither: nothing more printed
+    assert "queued" not in result.output and "cooldown" not in result.output
