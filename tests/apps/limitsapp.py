@@ -15,6 +15,8 @@ import time
 from functools import partial
 from typing import Any
 
+from celery import Celery
+
 from celery_redlock import RedlockTask
 from tests.apps import factory
 from tests.apps.factory import observer, pool_body, redlock_task, worker_app
@@ -88,30 +90,37 @@ cooled = _task(
     redlock_cooldown=COOLDOWN, redlock_on_contended="skip",
 )  # fmt: skip
 
-#: Queue once, a duplicate enqueue replacing the queued copy (a debounce with the
-#: callers' countdown). The test's callers send it through a client task made with
-#: the same options (:func:`replacing_client`): the replacing happens in the caller.
-REPLACED_OPTIONS: dict[str, Any] = {
-    "redlock_ttl": TTL,
-    "redlock_dedupe_queued": True,
-    "redlock_on_queued": "replace",
+#: Queue once, sent by the test's callers through a client task made with the same
+#: options (:func:`client_task`): queue once happens in the caller. ``replaced``: a
+#: duplicate enqueue replaces the queued copy (a debounce with the callers'
+#: countdown); ``until_end``: the place is kept until the run ends.
+QUEUE_ONCE_OPTIONS: dict[str, dict[str, Any]] = {
+    "replaced": {"redlock_dedupe_queued": True, "redlock_on_queued": "replace"},
+    "until_end": {"redlock_dedupe_queued": True, "redlock_queued_until": "end"},
 }
 
 
-def _replaced(
+def _versioned(
     self: Any, tag: str, version: int, seconds: float = 0.0, counter: str = "repl"
 ) -> dict[str, Any]:
     observer().hset(f"versions:{counter}", self.request.id, version)
     return pool_body(self, tag, seconds, counter, 0.0)
 
 
-replaced = redlock_task(app, "replaced", _replaced, "repl:{tag}", **REPLACED_OPTIONS)
+def _queue_once_task(target: Celery, name: str) -> Any:
+    return redlock_task(
+        target, name, _versioned, f"{name}:{{tag}}", redlock_ttl=TTL, **QUEUE_ONCE_OPTIONS[name]
+    )
 
 
-def replacing_client(broker_url: str, nodes: list[str]) -> Any:
-    """The ``replaced`` task in a caller's process (its body never runs there): an
-    app on the test's broker and lock nodes with this app's name and key prefix, so
-    its queue places and fates are the workers'."""
+replaced = _queue_once_task(app, "replaced")
+until_end = _queue_once_task(app, "until_end")
+
+
+def client_task(name: str, broker_url: str, nodes: list[str]) -> Any:
+    """Task ``name`` of :data:`QUEUE_ONCE_OPTIONS` in a caller's process (its body
+    never runs there): an app on the test's broker and lock nodes with this app's name
+    and key prefix, so its queue places and fates are the workers'."""
     client = factory.worker_app("limitsapp", 0.05, 0.3, backend=broker_url)
     client.conf.update(broker_url=broker_url, redlock_nodes=nodes)
-    return redlock_task(client, "replaced", _replaced, "repl:{tag}", **REPLACED_OPTIONS)
+    return _queue_once_task(client, name)

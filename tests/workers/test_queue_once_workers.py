@@ -1,12 +1,18 @@
-"""``redlock_on_queued="replace"`` with real ``celery worker`` subprocesses and callers
-in 4 processes, with faults: a lock node SIGSTOPped mid-run, a body SIGKILLed.
+"""Queue once with real ``celery worker`` subprocesses and callers in 4 processes, with
+faults: a lock node SIGSTOPped mid-run, a body SIGKILLed.
 
-100 enqueues of one key from 4 processes in about 2 s, each with its own arguments
-(a version) and the same countdown (a debounce), while the workers run. Judged by the
+Replace (``redlock_on_queued="replace"``): 100 enqueues of one key from 4 processes in
+about 2 s, each with its own arguments (a version) and the same countdown (a
+debounce), while the workers run. Judged by the
 observer (the bodies report their task id and version), never by the lock's word:
 every task ends SUCCESS; a copy whose result is the ``Replaced`` marker never ran its
 body and its marker names a copy that was sent; every copy not replaced ran; and the
 copy whose enqueue returned last ran, with its arguments.
+
+Until executed (``redlock_queued_until="end"``): 20 enqueues from 4 processes while
+the first copy runs each get that copy's id, nothing else is queued, and the task
+runs once (again after its body is killed: ``acks_late``); once it has ended, a new
+enqueue queues a new copy.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from celery.result import AsyncResult
 
 from celery_redlock import is_replaced
 from tests.apps import limitsapp
-from tests.support.observed import runs
-from tests.support.workers import Launch, Stack, wait_all
+from tests.support.observed import runs, starts
+from tests.support.workers import Launch, Stack, eventually, wait_all
 from tests.workers.test_limits_workers import Pool, fault
 
 pytestmark = pytest.mark.slow
@@ -35,7 +41,7 @@ def _callers(
     broker_url: str, nodes: list[str], process: int, count: int, seconds: float, out: Any
 ) -> None:
     try:
-        task = limitsapp.replacing_client(broker_url, nodes)
+        task = limitsapp.client_task("replaced", broker_url, nodes)
 
         def call(i: int) -> tuple[str, int, int]:
             version = process * 1000 + i
@@ -103,3 +109,57 @@ def test_100_replacing_enqueues_from_4_processes_run_only_copies_nobody_replaced
         f"replace, {pool.name} {pool.workers}x-c{pool.concurrency}, fault {kind}: 100 tasks "
         f"SUCCESS, {len(replaced)} replaced, {len(ran)} ran ({reruns} again after a kill)"
     )
+
+
+def _until_callers(broker_url: str, nodes: list[str], count: int, out: Any) -> None:
+    try:
+        task = limitsapp.client_task("until_end", broker_url, nodes)
+        with ThreadPoolExecutor(4) as pool:
+            out.put(
+                list(pool.map(lambda i: task.delay(tag="u", version=i, counter="until").id,
+                              range(count)))
+            )  # fmt: skip
+    except BaseException as exc:  # report it: a silent child would hang the test
+        out.put(repr(exc))
+        raise
+
+
+@pytest.mark.parametrize("kind", ["none", "node-stopped", "holder-killed"])
+def test_until_executed_duplicates_from_4_processes_get_the_running_copy(
+    stack: Stack, launch: Launch, kind: str
+) -> None:
+    pool = Pool("prefork", 2, 4)
+    launch("limitsapp", pool.workers, pool=pool.name, concurrency=pool.concurrency)
+    task = limitsapp.client_task("until_end", stack.broker.url, stack.nodes.urls)
+    first = task.delay(tag="u", version=0, seconds=3.0, counter="until")
+    eventually(lambda: bool(starts(stack.observer, "until")), 60, "the first copy began")
+    with fault(stack, launch, pool, kind, "until", after=1):
+        ctx = multiprocessing.get_context("fork")
+        out: Any = ctx.Queue()
+        procs = [
+            ctx.Process(target=_until_callers, args=(stack.broker.url, stack.nodes.urls, 5, out))
+            for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        reports = [out.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(10)
+    assert [r for r in reports if isinstance(r, str)] == []  # no caller failed
+    assert {task_id for report in reports for task_id in report} == {first.id}
+    wait_all([first], timeout=120)
+    assert first.state == "SUCCESS"
+    ran = runs(stack.observer, "until")
+    assert list(ran) == [first.id] and ran[first.id] == 1 + (kind == "holder-killed")
+    # The place is handed back just after the result is stored (task_postrun): a
+    # duplicate enqueue in between still gets the first copy.
+    sent: list[Any] = []
+
+    def queued_anew() -> bool:
+        sent.append(task.delay(tag="u", version=1, counter="until"))
+        return bool(sent[-1].id != first.id)
+
+    eventually(queued_anew, 30, "a new copy queued once the first had ended")
+    later = sent[-1]
+    wait_all([later], timeout=60)
+    assert later.state == "SUCCESS"
