@@ -249,3 +249,29 @@ def test_one_call_cannot_switch_replace_on_or_off(
 
     with pytest.raises(ConfigurationError, match=r"redlock\['on_queued'\].*task option"):
         switch.apply_async(redlock={"on_queued": per_call})
+
+
+def test_a_caller_without_a_result_backend_replaces_quietly_the_worker_stores_the_marker(
+    app: Celery, broker: RedisServer, redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caller = Celery("replace", broker=broker.url, set_as_current=False)  # no backend
+    caller.conf.redlock_nodes = redis_nodes.urls
+    options = {
+        "redlock_dedupe_queued": True, "redlock_on_queued": "replace", "redlock_key": "nb",
+    }  # fmt: skip
+    observer = broker.client()
+
+    def body(version: int) -> int:
+        observer.rpush("nb", version)
+        return version
+
+    sent = caller.task(shared=False, base=RedlockTask, name="r.nb", **options)(body)
+    app.task(shared=False, base=RedlockTask, name="r.nb", **options)(body)
+    with caplog.at_level("WARNING", logger="celery_redlock.queue_once"):
+        old, new = sent.delay(1), sent.delay(2)
+    assert [r.message for r in caplog.records] == []
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        marker = AsyncResult(old.id, app=app).get(timeout=HANG_GUARD)  # stored on arrival
+        assert is_replaced(marker) and marker["by"] == new.id
+        assert AsyncResult(new.id, app=app).get(timeout=HANG_GUARD) == 2
+    assert observer.lrange("nb", 0, -1) == [b"2"]
