@@ -38,8 +38,6 @@ import secrets
 import time
 from typing import Any, Callable, Optional
 
-from celery.backends.base import DisabledBackend
-
 from .. import signals
 from ..errors import LockContended, QuorumUnavailable
 from ..lock import places, waiters
@@ -130,8 +128,8 @@ def _swap(redlock: Redlock, place: str, chain: list[str], value: str, opts: Task
 
 def _store_replaced(task: Any, replaced: str, key: str, by: str) -> None:
     """Store the replaced copy's ``Replaced`` marker now, as its own start would."""
-    if task.ignore_result or isinstance(task.backend, DisabledBackend):
-        return  # nothing is stored for it (the caller's app may have no backend)
+    if task.ignore_result:
+        return  # (a caller's app without a backend stores nothing: Celery's no-op)
     try:
         task.backend.store_result(replaced, replaced_result(key, by), "SUCCESS")
     except Exception:  # the replaced copy stores it itself when it arrives

@@ -251,7 +251,7 @@ def test_one_call_cannot_switch_replace_on_or_off(
         switch.apply_async(redlock={"on_queued": per_call})
 
 
-def test_a_caller_without_a_result_backend_replaces_quietly_the_worker_stores_the_marker(
+def test_a_caller_without_a_result_backend_replaces_and_the_replaced_copy_stores_its_marker(
     app: Celery, broker: RedisServer, redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
 ) -> None:
     caller = Celery("replace", broker=broker.url, set_as_current=False)  # no backend
