@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,18 +24,18 @@ from celery.result import AsyncResult
 from celery_redlock import REPLACED, ConfigurationError, RedlockTask, is_replaced
 from celery_redlock.signals import lock_contended
 from celery_redlock.testing import RedisNodes, RedisServer
+from tests.support.appfixture import worker_test_app
 
 #: Only guards against a hang.
 HANG_GUARD = 30.0
 
 
 @pytest.fixture
-def app(broker: RedisServer, redis_nodes: RedisNodes) -> Celery:
-    app = Celery("replace", broker=broker.url, backend=broker.url, set_as_current=False)
-    app.conf.redlock_nodes = redis_nodes.urls
-    app.conf.redlock_node_timeout = 0.5
-    app.conf.worker_prefetch_multiplier = 1
-    return app
+def app(broker: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
+    for app in worker_test_app("replace", broker, redis_nodes, 0.05, 0.1):
+        app.conf.redlock_node_timeout = 0.5
+        app.conf.worker_prefetch_multiplier = 1
+        yield app  # then results are freed while their backend runs
 
 
 @pytest.fixture
