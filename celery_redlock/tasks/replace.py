@@ -10,12 +10,14 @@ calls stop.
 
 Who wins is V's *fate* (lock/places.py): a claim record on the lock nodes, set once.
 
-- :func:`enqueue` -- the place names V: claim V's fate for N. Won: V will never run;
-  the place is swapped to N, N is sent, then V's marker is stored. Lost to V itself:
-  V has started (nothing is queued any more): the place is swapped to N and N sent.
-  Lost to a newer copy X: V was already replaced by X; replace X the same way. Still
-  undecided after the enqueue's patience (nodes silent or split): N is sent without a
-  place -- it may run besides V (each once, never at once); it is never dropped.
+- :func:`enqueue` -- the place names V: N is sent first, then V's fate claimed for
+  N. Won: V will never run; the place is swapped to N, and V's marker stored. Lost to
+  V itself: V has started (nothing else is queued): the place is swapped to N. Lost
+  to a newer copy X: V was already replaced by X; replace X the same way. Still
+  undecided after the enqueue's patience (nodes silent or split): nothing more -- V
+  may run as well as N (each once, never at once); nothing is dropped. Sending first
+  is what the model asked for: a caller that dies after its claim landed would
+  otherwise leave V replaced by a copy never sent.
 - :func:`claim_own_fate` -- a queued copy that won its run-time lock claims its own
   fate before its body. Won: it runs (and can no longer be replaced). Lost: it was
   replaced; it ends with the ``Replaced`` marker, its body not run (``lock_contended``
@@ -76,11 +78,15 @@ def enqueue(
     queued: str,
     patience: float,
 ) -> Any:
-    """``key``'s queue place ``place`` names the queued copy ``queued``: replace it by this call's
-    copy (``task_id``), sent with ``send`` as queue_once.enqueue would; the new copy's
-    ``AsyncResult``. Never drops the new copy (see the module docstring)."""
+    """``key``'s queue place ``place`` names the queued copy ``queued``: send this call's
+    copy (``task_id``) with ``send``, as queue_once.enqueue would, and replace the
+    queued copy by it; the new copy's ``AsyncResult`` (see the module docstring)."""
     redlock = app_config(task.app).redlock(opts.node_timeout, False)
     value = f"{secrets.token_urlsafe(20)}|{task_id}"
+    # Sent first: a copy is replaced only for a copy that exists (a caller dying after
+    # its claim landed would otherwise leave the old copy replaced by nothing).
+    options["headers"] = {**(options.get("headers") or {}), QUEUED_HEADER: value}
+    result = send(args, kwargs, task_id=task_id, **options)
     give_up = time.monotonic() + patience
     chain = [queued]  # the copies followed: the place may name any of them
     while True:
@@ -95,15 +101,13 @@ def enqueue(
         elif time.monotonic() >= give_up:
             logger.warning(
                 "replace: task %s key %s: cannot tell whether %s can still be replaced "
-                "(claim %s) -> %s sent without a queue place",
+                "(claim %s): it may run as well as %s",
                 task.name, place, chain[-1], claim.verdict, task_id,
             )  # fmt: skip
-            return send(args, kwargs, task_id=task_id, **options)
+            return result
         else:
             time.sleep(random.uniform(0, UNDECIDED_PAUSE))
     _swap(redlock, place, chain, value, opts)
-    options["headers"] = {**(options.get("headers") or {}), QUEUED_HEADER: value}
-    result = send(args, kwargs, task_id=task_id, **options)
     if claim.winner == task_id:
         logger.info(
             "replace: task %s key %s: queued copy %s replaced by %s",
