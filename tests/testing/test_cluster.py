@@ -1,0 +1,93 @@
+"""The test kit's Redis Cluster (``ShardedCluster``): real cluster-enabled masters
+on free loopback ports, every slot served."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from redis.crc import key_slot
+
+from celery_redlock.testing import ShardedCluster
+from celery_redlock.testing.cluster import (
+    BUS_PORT_OFFSET,
+    CLUSTER_SLOTS,
+    claim_cluster_port,
+    slot_ranges,
+)
+from celery_redlock.testing.ports import LOOPBACK, claim_free_port, claim_port, release_port
+
+
+def _key_in_every_slot() -> dict[int, str]:
+    """One key name per hash slot: ``{n}`` hash-tags the key to n's slot."""
+    keys: dict[int, str] = {}
+    n = 0
+    while len(keys) < CLUSTER_SLOTS:
+        name = f"{{{n}}}k"
+        keys.setdefault(key_slot(name.encode()), name)
+        n += 1
+    return keys
+
+
+def test_a_three_master_cluster_serves_a_key_in_every_slot() -> None:
+    with ShardedCluster(3) as cluster:
+        assert len(cluster) == 3
+        client = cluster.client()
+        try:
+            keys = _key_in_every_slot()
+            pipe = client.pipeline()  # type: ignore[no-untyped-call]
+            for slot, name in keys.items():
+                pipe.set(name, slot)
+            assert all(pipe.execute())
+            # Each master holds exactly the keys of its own slots.
+            for server, slots in zip(cluster, slot_ranges(3)):
+                assert server.client().dbsize() == len(slots)
+                assert server.client().get(keys[slots[0]]) == str(slots[0]).encode()
+        finally:
+            client.close()
+
+
+def test_each_master_owns_one_third_of_the_slots_and_knows_the_others() -> None:
+    with ShardedCluster(3) as cluster:
+        for server in cluster:
+            info = server.info("cluster")
+            assert info["cluster_enabled"] == 1
+        control = cluster[0].client()
+        shards = control.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+        owned = sorted((int(start), int(end), int(node[1])) for start, end, node, *_ in shards)
+        assert owned == [
+            (slots[0], slots[-1], server.port) for server, slots in zip(cluster, slot_ranges(3))
+        ]
+        assert all(server.port + BUS_PORT_OFFSET <= 65535 for server in cluster)
+
+
+def test_slot_ranges_cover_every_slot_once() -> None:
+    for masters in (1, 3, 6, 7):
+        ranges = slot_ranges(masters)
+        assert [slot for r in ranges for slot in r] == list(range(CLUSTER_SLOTS))
+        assert max(map(len, ranges)) - min(map(len, ranges)) <= 1
+
+
+@pytest.mark.parametrize("masters", [0, -1, 2.5, True, "3"])
+def test_a_cluster_needs_a_whole_number_of_masters(masters: object) -> None:
+    with pytest.raises(ValueError, match=r"ShardedCluster masters must be an int >= 1, got "):
+        ShardedCluster(masters)  # type: ignore[arg-type]
+
+
+def test_a_cluster_chooses_its_masters_ports() -> None:
+    with pytest.raises(ValueError, match="drop 'port'"):
+        ShardedCluster(3, port=7000)
+
+
+def test_a_port_is_claimed_once_and_not_while_something_listens_on_it() -> None:
+    port = claim_free_port()
+    try:
+        assert not claim_port(port)  # ours already
+    finally:
+        release_port(port)
+    with socket.socket() as listener:
+        listener.bind((LOOPBACK, 0))
+        listener.listen()
+        assert not claim_port(listener.getsockname()[1])
+    bus_port = claim_cluster_port() + BUS_PORT_OFFSET
+    assert not claim_port(bus_port)  # claimed with its node's port
