@@ -22,7 +22,8 @@ free loopback port, in its own temporary directory.
 - :class:`RedisSentinelGroup` (``sentinel.py``): a master, its replicas and the
   Sentinels watching them, with a forced ``failover()``.
 - :class:`ShardedCluster` (``cluster.py``): a real Redis Cluster, its slots shared
-  out over several masters (one sharded store, not N independent masters).
+  out over shards (a master and its replicas), with a forced ``failover(shard)``:
+  one sharded store, not N independent masters.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
   ``redis_server_factory``, ``redis_nodes_factory``, ``fault_proxy_factory``.

@@ -74,7 +74,49 @@ def test_a_cluster_needs_a_whole_number_of_masters(masters: object) -> None:
         ShardedCluster(masters)  # type: ignore[arg-type]
 
 
-def test_a_cluster_chooses_its_masters_ports() -> None:
+@pytest.mark.parametrize(
+    ("setting", "value", "accepted"),
+    [("replicas", -1, ">= 0"), ("replicas", 1.0, ">= 0"), ("node_timeout_ms", 0, ">= 1")],
+)
+def test_a_cluster_refuses_bad_replica_counts_and_node_timeouts(
+    setting: str, value: object, accepted: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"ShardedCluster {setting} must be an int {accepted}, "):
+        ShardedCluster(3, **{setting: value})  # type: ignore[arg-type]
+
+
+def test_each_shard_has_its_replica_in_sync_and_a_failover_loses_no_key() -> None:
+    with ShardedCluster(3, replicas=1) as cluster:
+        assert [len(shard) for shard in cluster.shards] == [2, 2, 2]
+        first_master, replica = cluster.shards[0]
+        assert cluster[0] is first_master
+        assert replica.info("replication")["master_port"] == first_master.port
+        client = cluster.client()
+        try:
+            keys = [f"{{{n}}}k" for n in range(300)]
+            for name in keys:
+                client.set(name, name)
+            # CLUSTER FAILOVER: the replica catches up first, then takes over.
+            assert cluster.failover(0) is replica
+            assert cluster[0] is replica
+            assert first_master.info("replication")["role"] == "slave"
+            assert [client.get(name) for name in keys] == [name.encode() for name in keys]
+        finally:
+            client.close()
+
+
+def test_a_killed_master_is_replaced_by_its_replica() -> None:
+    with ShardedCluster(3, replicas=1) as cluster:
+        master, replica = cluster.shards[1]
+        master.kill()
+        # FORCE: the master cannot take part.
+        assert cluster.failover(1) is replica
+        assert cluster[1] is replica
+        with pytest.raises(RuntimeError, match=r"shard 1 .* has no running replica to promote"):
+            cluster.failover(1)
+
+
+def test_a_cluster_chooses_its_servers_ports() -> None:
     with pytest.raises(ValueError, match="drop 'port'"):
         ShardedCluster(3, port=7000)
 
