@@ -19,7 +19,7 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any, Optional, Union, overload
+from typing import Any, Callable, Optional, Union, overload
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -28,7 +28,7 @@ from .ports import LOOPBACK, claim_free_port, claim_port, release_port
 from .sentinel import FAILOVER_TIMEOUT, _wait_until
 from .server import START_TIMEOUT, RedisServer
 
-__all__ = ["CLUSTER_SLOTS", "ShardedCluster", "claim_cluster_port"]
+__all__ = ["CLUSTER_SLOTS", "ShardedCluster", "ShardedClusterFactory", "claim_cluster_port"]
 
 #: Hash slots of every Redis Cluster.
 CLUSTER_SLOTS = 16384
@@ -231,6 +231,10 @@ class ShardedCluster(Sequence[RedisServer]):
         traceback: Optional[TracebackType],
     ) -> None:
         self.close()
+
+
+#: ``make(masters=3, **ShardedCluster kwargs) -> ShardedCluster``, started (the fixture's type).
+ShardedClusterFactory = Callable[..., ShardedCluster]
 
 
 def _command(server: RedisServer, *args: Any) -> Any:

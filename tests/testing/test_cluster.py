@@ -8,7 +8,7 @@ import socket
 import pytest
 from redis.crc import key_slot
 
-from celery_redlock.testing import ShardedCluster
+from celery_redlock.testing import ShardedCluster, ShardedClusterFactory
 from celery_redlock.testing.cluster import (
     BUS_PORT_OFFSET,
     CLUSTER_SLOTS,
@@ -105,15 +105,17 @@ def test_each_shard_has_its_replica_in_sync_and_a_failover_loses_no_key() -> Non
             client.close()
 
 
-def test_a_killed_master_is_replaced_by_its_replica() -> None:
-    with ShardedCluster(3, replicas=1) as cluster:
-        master, replica = cluster.shards[1]
-        master.kill()
-        # FORCE: the master cannot take part.
-        assert cluster.failover(1) is replica
-        assert cluster[1] is replica
-        with pytest.raises(RuntimeError, match=r"shard 1 .* has no running replica to promote"):
-            cluster.failover(1)
+def test_a_killed_master_is_replaced_by_its_replica(
+    sharded_cluster_factory: ShardedClusterFactory,
+) -> None:
+    cluster = sharded_cluster_factory(3, replicas=1)
+    master, replica = cluster.shards[1]
+    master.kill()
+    # FORCE: the master cannot take part.
+    assert cluster.failover(1) is replica
+    assert cluster[1] is replica
+    with pytest.raises(RuntimeError, match=r"shard 1 .* has no running replica to promote"):
+        cluster.failover(1)
 
 
 def test_a_cluster_chooses_its_servers_ports() -> None:

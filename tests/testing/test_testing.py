@@ -492,12 +492,13 @@ INNER_TEST = """
 import json, os
 
 def test_uses_every_fixture(redis_server, redis_nodes, redis_server_factory,
-                            fault_proxy_factory):
+                            fault_proxy_factory, sharded_cluster_factory):
     fault_proxy_factory(redis_server).blackhole()
     redis_nodes[1].pause()
     redis_nodes[2].kill()
     extra = redis_server_factory(appendonly=True)
-    servers = [redis_server, extra, *redis_nodes]
+    cluster = sharded_cluster_factory(1)
+    servers = [redis_server, extra, *redis_nodes, *cluster.servers]
     with open(os.environ["REDLOCK_TEST_RECORD"], "w") as record:
         json.dump({"pids": [s.pid for s in servers if s.pid],
                    "dirs": [str(s.directory) for s in servers]}, record)
@@ -515,7 +516,7 @@ def test_fixture_teardown_leaves_no_redis_server_behind(
     result = pytester.runpytest_inprocess("-p", "celery_redlock.testing")
     result.assert_outcomes(failed=1)
     recorded = json.loads(record.read_text())
-    assert len(recorded["pids"]) == 6  # 2 servers + 5 nodes, one of them killed
+    assert len(recorded["pids"]) == 7  # 2 servers + 5 nodes, one of them killed + 1 cluster
     for pid in recorded["pids"]:
         assert process_gone(pid), f"redis-server {pid} survived the fixture teardown"
     for directory in recorded["dirs"]:
