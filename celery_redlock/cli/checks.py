@@ -121,10 +121,14 @@ def _version(version: Optional[str]) -> tuple[int, ...]:
 
 
 def check_version(facts: NodeFacts, config: AppConfig) -> Check:
-    """Redis is new enough for SET NX PX."""
-    if _version(facts.version) < MIN_REDIS_VERSION:
-        return Check("version", ERROR, f"Redis {facts.version}: SET NX PX needs Redis >= 2.6.12")
-    return Check("version", OK, f"Redis {facts.version}")
+    """The server is new enough for SET NX PX: judged on the Redis version it reports
+    (Valkey reports the one it is compatible with), named as itself."""
+    named = f"{facts.server or 'Redis'} {facts.version}"
+    if _version(facts.redis_version or facts.version) < MIN_REDIS_VERSION:
+        if facts.redis_version and facts.redis_version != facts.version:
+            named += f" (reports Redis {facts.redis_version})"
+        return Check("version", ERROR, f"{named}: SET NX PX needs Redis >= 2.6.12")
+    return Check("version", OK, named)
 
 
 def check_role(facts: NodeFacts, config: AppConfig) -> Check:

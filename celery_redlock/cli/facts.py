@@ -22,6 +22,11 @@ from ..wire.node_set import Node
 from .common import error_text, lock_keys, prefix_match, text
 from .permits import describe_name, permit_name, read_terms
 
+#: INFO's ``server_name`` -> the server's name in doctor's report. Redis leaves the
+#: field out; Valkey says ``valkey`` and reports its own ``valkey_version`` beside the
+#: Redis version it is compatible with (``redis_version:7.2.4``).
+SERVER_NAMES = {"redis": "Redis", "valkey": "Valkey"}
+
 #: Lock keys without a TTL listed by doctor (all of them are counted).
 NO_TTL_SHOWN = 10
 #: The scan for keys without a TTL stops at this fraction of the node's budget, so
@@ -37,7 +42,11 @@ class NodeFacts:
     reachable: bool = False
     error: Optional[str] = None
     latency_ms: Optional[float] = None
+    #: The server software ("Redis", "Valkey") and its own version.
+    server: Optional[str] = None
     version: Optional[str] = None
+    #: The Redis version the server reports (a Valkey node: the one it is compatible with).
+    redis_version: Optional[str] = None
     run_id: Optional[str] = None
     role: Optional[str] = None
     master: Optional[str] = None
@@ -75,7 +84,9 @@ class NodeFacts:
             "reachable": self.reachable,
             "error": self.error,
             "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 3),
-            "redis_version": self.version,
+            "server": self.server,
+            "server_version": self.version,
+            "redis_version": self.redis_version,
             "run_id": self.run_id,
             "role": self.role,
             "master": self.master,
@@ -136,7 +147,8 @@ def _round_trip_ms(client: redis.Redis) -> float:
 def _read_info(client: redis.Redis, facts: NodeFacts) -> None:
     """Version, role, memory and persistence settings."""
     server = client.info("server")
-    facts.version = text(server.get("redis_version"))
+    facts.server, facts.version = server_identity(server)
+    facts.redis_version = text(server.get("redis_version"))
     facts.run_id = text(server.get("run_id"))
     replication = client.info("replication")
     facts.role = text(replication.get("role"))
@@ -154,6 +166,13 @@ def _read_info(client: redis.Redis, facts: NodeFacts) -> None:
         facts.appendfsync = text(client.config_get("appendfsync").get("appendfsync"))
     except redis.ResponseError as exc:
         facts.appendfsync_error = error_text(exc)
+
+
+def server_identity(info_server: dict[str, Any]) -> tuple[str, Optional[str]]:
+    """The server's name and its own version, from ``INFO server``."""
+    name = text(info_server.get("server_name")) or "redis"
+    version = text(info_server.get(f"{name}_version")) or text(info_server.get("redis_version"))
+    return SERVER_NAMES.get(name, name), version
 
 
 def _clock_offset(client: redis.Redis) -> float:

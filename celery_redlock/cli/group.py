@@ -304,10 +304,10 @@ def release(
 def doctor(ctx: click.Context, timeout: float, as_json: bool) -> None:
     """Check the lock nodes for settings that break Redlock's safety.
 
-    Per node: reachable, round trip, Redis version, role (a replica is an ERROR),
-    maxmemory-policy (anything but noeviction is an ERROR), persistence (a WARNING
-    unless appendfsync always: use delayed restarts), clock offset, lock keys
-    without a TTL (ERROR). Across nodes: the same server listed twice (ERROR),
+    Per node: reachable, round trip, server and version (Redis or Valkey), role (a
+    replica is an ERROR), maxmemory-policy (anything but noeviction is an ERROR),
+    persistence (a WARNING unless appendfsync always: use delayed restarts), clock
+    offset, lock keys without a TTL (ERROR). Across nodes: the same server listed twice (ERROR),
     fewer than a quorum usable (ERROR), and what limits and rates cost: a permit
     needs a majority to give one slot (a WARNING with a node down: racing callers
     split more often), and a rate's period lengthens the delayed restart (a WARNING

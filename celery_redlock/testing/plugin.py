@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import pytest
 
+from .cluster import ShardedCluster, ShardedClusterFactory
 from .nodes import RedisNodes, RedisNodesFactory
 from .proxy import FaultProxy, FaultProxyFactory
 from .server import RedisServer, RedisServerFactory
@@ -24,10 +25,13 @@ __all__ = [
     "redis_nodes_factory",
     "redis_server",
     "redis_server_factory",
+    "sharded_cluster_factory",
 ]
 
 
-def _close_all(things: Sequence[Union[RedisServer, RedisNodes, FaultProxy]]) -> None:
+def _close_all(
+    things: Sequence[Union[RedisServer, RedisNodes, ShardedCluster, FaultProxy]],
+) -> None:
     errors: list[BaseException] = []
     for thing in reversed(things):
         try:
@@ -71,6 +75,25 @@ def redis_nodes_factory() -> Iterator[RedisNodesFactory]:
         yield make
     finally:
         _close_all(sets)
+
+
+@pytest.fixture
+def sharded_cluster_factory() -> Iterator[ShardedClusterFactory]:
+    """``make(masters=3, replicas=0, **kwargs)``: a started :class:`ShardedCluster`
+    (Redis Cluster mode: one store sharded over masters, not independent masters);
+    all closed after the test."""
+    clusters: list[ShardedCluster] = []
+
+    def make(masters: int = 3, **kwargs: Any) -> ShardedCluster:
+        cluster = ShardedCluster(masters, **kwargs)
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    try:
+        yield make
+    finally:
+        _close_all(clusters)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import threading
 from typing import Optional
 from urllib.parse import quote
 
-__all__ = ["LOOPBACK", "claim_free_port", "redis_url", "release_port"]
+__all__ = ["LOOPBACK", "claim_free_port", "claim_port", "redis_url", "release_port"]
 
 #: Every server and proxy listens here, and only here.
 LOOPBACK = "127.0.0.1"
@@ -32,6 +32,21 @@ def claim_free_port() -> int:
                 _claimed_ports.add(port)
                 return port
     raise RuntimeError("could not find a free loopback port")
+
+
+def claim_port(port: int) -> bool:
+    """Claim this port if nobody listens on it now and no server of ours was given it
+    (a Redis Cluster node's bus port, its port + 10000): True when claimed."""
+    with _claimed_lock:
+        if port in _claimed_ports:
+            return False
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError:
+                return False
+        _claimed_ports.add(port)
+        return True
 
 
 def release_port(port: int) -> None:

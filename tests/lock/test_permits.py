@@ -255,8 +255,11 @@ def test_a_rate_admits_r_starts_then_says_when_the_next_may_start(
     assert [lock.admit("r5", "5/2s") for _ in range(5)] == [0.0] * 5
     wait = lock.admit("r5", "5/2s")
     assert 1.0 < wait <= 2.1
-    # Nothing was counted by the refusal: the same wait, give or take the time passed.
-    assert lock.admit("r5", "5/2s") <= wait
+    # Nothing was counted by the refusal: the same wait, give or take the time passed
+    # and which nodes answered first (the first quorum of "full" replies decides the
+    # round, and each node's first start was set up to a round apart: seen, 2.038 s
+    # after 2.036 s on Redis 6.2).
+    assert lock.admit("r5", "5/2s") <= wait + NODE_TIMEOUT
     with pytest.raises(
         ConfigurationError, match=r"rate 6/2s for key 'r5' disagrees with the rate 5/2s"
     ):

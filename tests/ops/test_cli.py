@@ -37,7 +37,7 @@ from celery_redlock.testing import (
     RedisServer,
     RedisServerFactory,
 )
-from celery_redlock.testing.ports import claim_free_port, release_port
+from celery_redlock.testing.cluster import claim_cluster_port
 from tests.support.cli import doc, invoke, make_app, run_celery
 
 KEY = "redlock:import:42"
@@ -572,14 +572,9 @@ def test_doctor_flags_a_redis_cluster_node_not_as_a_permission_problem(
     """A cluster-enabled node refuses the lock's scripts (their keys span slots): the
     role check says why, and the probe's failure is not taken for an ACL's."""
     masters = [redis_server_factory(), redis_server_factory()]
-    # A cluster node's bus listens on its port + 10000: the port must be <= 55535.
-    ports = [claim_free_port() for _ in range(100)]
-    port = next(p for p in ports if p <= 55535)
-    for other in ports:
-        if other != port:
-            release_port(other)
+    # A cluster node's bus listens on its port + 10000.
     clustered = redis_server_factory(
-        port=port,
+        port=claim_cluster_port(),
         extra_args=["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "n.conf")],
     )
     result = invoke([m.url for m in masters] + [clustered.url], "doctor", "--json")

