@@ -37,7 +37,7 @@ have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 # buildx the CLI warns that the classic builder is deprecated: that line is dropped.
 legacy_build() {
   local out
-  if ! out=$(DOCKER_BUILDKIT=0 docker build -q "$@" 2>&1); then
+  if ! out=$(DOCKER_BUILDKIT=0 docker build -q --force-rm "$@" 2>&1); then
     echo "$out" >&2
     return 1
   fi

@@ -218,6 +218,8 @@ def check(duration: float, keep_logs: Optional[Path]) -> None:
     try:
         say(f"== up -d --build: {PROJECT} ({' '.join(compose.base[:2])})")
         started = time.monotonic()
+        # A failed build must not leave its intermediate containers behind.
+        compose("build", "--force-rm", timeout=UP_TIMEOUT)
         compose("up", "-d", "--build", timeout=UP_TIMEOUT)
         for node in [*LOCK_NODES, "broker"]:
             container = compose.container(node)
