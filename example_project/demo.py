@@ -61,7 +61,7 @@ from . import observer
 from .settings import KEY_PREFIX
 from .workload import Workload
 
-__all__ = ["main"]
+__all__ = ["beat_outcomes", "main", "summary"]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -441,16 +441,19 @@ def _drive(
         time.sleep(0.05)
 
 
+def beat_outcomes(log: str) -> list[tuple[str, str, int]]:
+    """[(what, entry, tick)] from a beat's log lines (what: "won", "sent by another
+    beat" or "not sent: <why>")."""
+    return [
+        (m["what"], m["entry"], int(m["tick"]))
+        for line in log.splitlines()
+        if (m := BEAT_LINE.search(line))
+    ]
+
+
 def _beat_outcomes(beats: Sequence[CeleryProcess]) -> dict[str, list[tuple[str, str, int]]]:
     """beat name -> [(what, entry, tick)] from its log lines."""
-    outcomes: dict[str, list[tuple[str, str, int]]] = {}
-    for beat in beats:
-        outcomes[beat.name] = [
-            (m["what"], m["entry"], int(m["tick"]))
-            for line in beat.log().splitlines()
-            if (m := BEAT_LINE.search(line))
-        ]
-    return outcomes
+    return {beat.name: beat_outcomes(beat.log()) for beat in beats}
 
 
 def _drain(
@@ -509,7 +512,7 @@ def label_line(label: str, *items: str) -> str:
     )
 
 
-def _summary(
+def summary(
     options: Options,
     out: Output,
     workload: Workload,
@@ -679,7 +682,7 @@ def run(options: Options, out: Output, deployment: Deployment) -> int:
             out.info("\nfrom the logs (celery_redlock's own lines):")
             for sample in samples:
                 out.info(f"  {sample}")
-    ok = _summary(options, out, workload, snap, beats, drill, expected)
+    ok = summary(options, out, workload, snap, beats, drill, expected)
     return 0 if ok else 1
 
 

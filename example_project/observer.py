@@ -36,7 +36,15 @@ from celery_redlock.beat import ENTRY_HEADER, TICK_HEADER
 
 from .settings import Settings
 
-__all__ = ["Snapshot", "client_for", "connect_signals", "fence_write", "holding", "read"]
+__all__ = [
+    "Snapshot",
+    "client_for",
+    "connect_signals",
+    "fence_write",
+    "forget_dead",
+    "holding",
+    "read",
+]
 
 PREFIX = "demo:"
 #: Tasks of this project: the signals below ignore everyone else's.
@@ -122,6 +130,24 @@ def fence_taken(job: str, fence: int) -> None:
     client = _observer()
     if client is not None:
         client.rpush(f"{PREFIX}fences:{job}", str(fence))
+
+
+def forget_dead(client: redis.Redis, worker: str) -> dict[str, str]:
+    """A worker known to be dead (its container killed and exited) had bodies inside:
+    they left when it died, though they never said so. Counts them out of the
+    occupancy of their keys as their own exit would have. Returns lock key -> task id
+    of each.
+
+    Call it only once the worker is gone: a body still running would then be counted
+    out while inside, and a second body beside it would go unseen.
+    """
+    left = {}
+    for lock_key, holder in _hash(client, f"{PREFIX}holders").items():
+        name, _, task_id = holder.split()
+        if name == worker:
+            client.eval(_LEAVE, 2, f"{PREFIX}occ:{lock_key}", f"{PREFIX}holders", lock_key, holder)
+            left[lock_key] = task_id
+    return left
 
 
 # -- signal receivers (worker side) ------------------------------------------------------

@@ -3,10 +3,11 @@
 - The demo runs for real (a few seconds of load on 5 lock nodes, 2 workers, 2 beats)
   and must exit 0 with one holder per key, and leave no process behind, also when
   interrupted with Ctrl-C.
-- docker-compose.yml cannot be run here (no Docker daemon, and PyYAML is not a
-  dependency), so it is read with :func:`read_compose`, a reader for the small YAML
-  subset the file is written in (block mappings whose values are JSON), and checked
-  for consistency: services, commands, node URLs, persistence flags. The reader
+- docker-compose.yml runs for real only where Docker does (CI:
+  tools/containers/compose-check.sh); here it is read with :func:`read_compose` (PyYAML
+  is not a dependency), a reader for the small YAML subset the file is written in
+  (block mappings whose values are JSON), and checked for consistency: services,
+  commands, node URLs, persistence flags. The reader
   refuses anything outside its subset rather than guess, and is compared with PyYAML
   where that happens to be installed.
 - The long job's fenced SQLite write refuses a stale fence.
@@ -292,8 +293,28 @@ def test_the_observer_sees_two_bodies_inside_at_once_and_the_demo_then_fails(
     assert snap.max_holders == {key: 2} and snap.holders == {}
 
     options = demo.parse(["--quiet"])
-    assert not demo._summary(options, demo.Output(quiet=True), Workload(), snap, {}, None, set())
+    assert not demo.summary(options, demo.Output(quiet=True), Workload(), snap, {}, None, set())
     assert "max simultaneous holders: 2 (VIOLATED)" in capsys.readouterr().out
+
+
+def test_a_dead_workers_bodies_are_counted_out_and_its_successor_is_judged_alone(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed with a body inside never reports its exit: forget_dead counts it
+    out, and only its bodies (tools/containers/compose_check.py, after docker kill)."""
+    monkeypatch.setenv("OBSERVER_URL", redis_server.url)
+    monkeypatch.setattr(observer, "_client", None)
+    client = observer.client_for(redis_server.url)
+    key, other = "redlock:import:acme", "redlock:import:globex"
+    killed = observer.holding(key, "worker2@c2", "t1")
+    assert killed.__enter__() == 1  # and never left: its container was killed
+    with observer.holding(other, "worker1@c1", "t2"):
+        assert observer.forget_dead(client, "worker2@c2") == {key: "t1"}
+        with observer.holding(key, "worker1@c1", "t3") as successor:
+            assert successor == 1
+        assert observer.read(client).holders == {other: f"worker1@c1 {os.getpid()} t2"}
+    snap = observer.read(client)
+    assert snap.max_holders == {key: 1, other: 1} and snap.holders == {}
 
 
 # -- the demo itself -----------------------------------------------------------------------
