@@ -9,8 +9,9 @@
 #
 # PYTHON: the interpreter with celery-redlock and the example's dependencies
 # (default .venv/bin/python). Exit status: the check's (0 passed, 1 failed, 2 the
-# stack did not come up); 3 when no Docker daemon answers and none could be started
-# (the reason is printed: what this machine lacks).
+# stack did not come up); 3 when no Docker daemon answers and none could be started,
+# or the stand-in base images cannot be built here (the reason is printed: what this
+# machine lacks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python="${PYTHON:-.venv/bin/python}"
@@ -55,5 +56,5 @@ for image in redis:7 python:3.12-slim; do
     [ "$(id -u)" = 0 ] || cannot "no $image image, and debootstrap (to build one) needs root"
   fi
 done
-tools/containers/build-base-images.sh
+tools/containers/build-base-images.sh || cannot "building the stand-in base images failed (is the Debian mirror or PyPI unreachable from here? its output is above)"
 "$python" -m tools.containers.compose_check "$@"
