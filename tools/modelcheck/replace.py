@@ -36,8 +36,9 @@ what never runs is decided by fates alone). Left out: node restarts (a node that
 restarts empty loses fates: the delayed restart keeps them, as for the lock), and
 ``P``'s TTL.
 
-Invariants: a copy marked replaced never starts its body (R1); no copy both runs and
-is marked replaced (R2); in every final state each sent copy ran, goes round, or is
+Invariants: a copy marked replaced never starts its body, and (sending first) the copy
+it names was sent when it was marked (R1); no copy both runs and is marked replaced
+(R2); in every final state each sent copy ran, goes round, or is
 marked replaced by a copy that was sent (or is itself marked replaced, onwards: R3).
 Counted, not asserted (R4): states with two pending copies (sent, not ended, no
 quorum of their fate naming another copy), and how many follow a "send anyway".
@@ -54,6 +55,8 @@ from .handoff import _at, _remove, _sorted, claim_winner
 REPLACED_RUNS = "a replaced copy runs"
 RAN_AND_REPLACED = "ran and marked replaced"
 LOST = "task lost"
+#: R1 where the order allows checking it at once: marked replaced by a copy not sent.
+UNSENT_MARK = "replaced by a copy not sent"
 
 CLAIM_THEN_SEND, SEND_FIRST, NAIVE = "claim-then-send", "send-first", "naive"
 #: A node's empty value (no place, no claim) and "no marker".
@@ -293,6 +296,9 @@ class ReplaceModel:
         bad = None
         if s.outcome[copy] == RAN:
             bad = f"{RAN_AND_REPLACED}: {name(copy)} ran and is marked replaced by {name(by)}"
+        elif self.sc.design == SEND_FIRST and not s.sent[by]:
+            # Sending first, a fate is only ever claimed for a copy already sent.
+            bad = f"{UNSENT_MARK}: {name(copy)} marked replaced by {name(by)}, not sent"
         nxt = s._replace(marker=_at(s.marker, copy, by))
         return (f"{what} 'replaced by {name(by)}'", nxt, bad)
 
