@@ -26,7 +26,7 @@ Who wins is V's *fate* (lock/places.py): a claim record on the lock nodes, set o
 
 Every task sharing a lock key must agree on ``"replace"`` (a copy of a task without it
 never claims its fate, so it would run although replaced); one call cannot switch it
-(call_options.py). The protocol and its model: SAFETY.md, "Replacing the queued copy".
+(call_options.py). The protocol and its model: SAFETY.md, "Replacing the pending copy".
 
 Imports lock/places.py, signals, config.py, headers.py, limits.py, options.py and Celery;
 never task.py or queue_once.py.

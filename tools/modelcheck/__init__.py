@@ -10,7 +10,9 @@ timeline. ``handoff.py`` models the hand-off to waiting duplicates
 ``beatsplit.py`` two beats claiming a tick with a lock node down (how a lost round's
 replies are read decides whether a split loses the tick), and ``limits.py`` at most N
 holders per key (N permit slots against the naive per-node counter, checked by
-``limits_check.py``), each with its own small checker. ``python -m tools.modelcheck``
+``limits_check.py``), each with its own small checker, and ``replace.py`` queue once
+replacing the pending copy (``replace_check.py``); the hand-off and replace checkers
+share ``search.py``'s breadth-first search. ``python -m tools.modelcheck``
 runs the scenario catalogue and prints a table (``--full`` for the large
 configurations, ``--json FILE`` to save it).
 

@@ -24,6 +24,7 @@ from .checker import Result, check_all
 from .handoff_check import check_handoff, format_handoff, handoff_scenarios
 from .limits_check import check_limits, format_limits, limit_scenarios
 from .model import scenarios
+from .replace_check import check_replace, format_replace, replace_scenarios
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -93,17 +94,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     handoff = handoff_scenarios()
     splits = beat_split_scenarios()
     limits = limit_scenarios()
+    replacing = replace_scenarios()
     if args.list:
         listed = [(sc.name, sc.full_only, sc.description) for sc in catalogue]
         listed += [(h.name, h.full_only, h.description) for h in handoff]
         listed += [(b.name, b.full_only, b.description) for b in splits]
         listed += [(sc.name, sc.full_only, sc.description) for sc in limits]
+        listed += [(sc.name, sc.full_only, sc.description) for sc in replacing]
         for name, full_only, description in listed:
             print(f"{name:48s} {'full' if full_only else 'ci  '}  {description}")
         return 0
     if args.only:
         known = {sc.name for sc in catalogue} | {h.name for h in handoff}
         known |= {b.name for b in splits} | {sc.name for sc in limits}
+        known |= {sc.name for sc in replacing}
         unknown = sorted(set(args.only) - known)
         if unknown:
             parser.error(f"unknown scenario(s): {', '.join(unknown)}")
@@ -111,11 +115,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         handoff = [h for h in handoff if h.name in args.only]
         splits = [b for b in splits if b.name in args.only]
         limits = [sc for sc in limits if sc.name in args.only]
+        replacing = [sc for sc in replacing if sc.name in args.only]
     else:
         selected = [sc for sc in catalogue if args.full or not sc.full_only]
         handoff = [h for h in handoff if args.full or not h.full_only]
         splits = [b for b in splits if args.full or not b.full_only]
         limits = [sc for sc in limits if args.full or not sc.full_only]
+        replacing = [sc for sc in replacing if args.full or not sc.full_only]
 
     results = check_all(selected, args.jobs) if selected else []
     if results:
@@ -136,13 +142,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if limit_results:
         print()
         print(format_limits(limit_results))
+    replace_results = [check_replace(sc) for sc in replacing]
+    if replace_results:
+        print()
+        print(format_replace(replace_results))
     if args.json:
+        rows = [r.to_json() for r in results] + [r.to_json() for r in replace_results]
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump([r.to_json() for r in results], out, indent=2)
+            json.dump(rows, out, indent=2)
             out.write("\n")
     expected = [r.as_expected for r in results] + [h.as_expected for h in handoff_results]
     expected += [b.as_expected for b in split_results]
     expected += [r.as_expected for r in limit_results]
+    expected += [r.as_expected for r in replace_results]
     return 0 if all(expected) else 1
 
 

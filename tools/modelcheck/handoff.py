@@ -556,15 +556,9 @@ class HandoffModel:
         return [(f"{what} re-published, same ids, one retry spent", nxt, None)]
 
     def _winner(self, p: Proc) -> Optional[int]:
-        sc = self.sc
-        answered = list(p.replies)
-        counts = {v: answered.count(v) for v in set(answered)}
-        if sc.claim_rule == "any" and p.copy in counts:
+        if self.sc.claim_rule == "any" and p.copy in p.replies:
             return p.copy
-        winner = next((v for v, n in counts.items() if n >= sc.quorum), None)
-        if winner is None and len(answered) == sc.nodes:
-            winner = min(counts, key=lambda v: (-counts[v], v))
-        return winner
+        return claim_winner(p.replies, self.sc.nodes)
 
     def _decide(self, rest: State, p: Proc, who: str, early: bool) -> Step:
         winner = self._winner(p)
@@ -642,6 +636,18 @@ class HandoffModel:
         """In a final state: the tasks that neither ran nor gave up."""
         missing = [_name(t) for t, o in enumerate(s.outcome) if o in (PENDING, CRASHED)]
         return f"{LOST}: {', '.join(missing)} never ran and never gave up" if missing else None
+
+
+def claim_winner(replies: tuple[int, ...], nodes: int) -> Optional[int]:
+    """The verdict of a claim round on ``replies`` (the value each node that answered
+    holds afterwards): the copy id on a quorum; else, when all ``nodes`` answered, the
+    id on the most nodes, ties to the smallest (values never change once set, so every
+    copy computes the same); else None (undecided)."""
+    counts = {v: replies.count(v) for v in set(replies)}
+    winner = next((v for v, n in counts.items() if n >= nodes // 2 + 1), None)
+    if winner is None and len(replies) == nodes:
+        winner = min(counts, key=lambda v: (-counts[v], v))
+    return winner
 
 
 def _with(s: State, p: Proc, keep_ids: bool = False) -> State:

@@ -1,13 +1,13 @@
 """The checker, the scenario catalogue and the printer for ``handoff.py`` (the
 hand-off to waiting duplicates).
 
-Breadth-first over canonical states (nodes renamed, copy ids renumbered), so the
-first violation met is a shortest one; its trace is the path of steps that first
-reached each state. Invariants: a task's body never starts twice, two bodies are
-never inside at once, no task both runs and gives up, no copy gives up on a split
-claim (a quorum answered, no copy id on a quorum: with at most N - quorum nodes
-down that is never an outage), and in every final state (nothing left to do) every
-task has run or has given up explicitly (a FAILURE or a skip the caller sees).
+Breadth-first over canonical states (nodes renamed, copy ids renumbered;
+``search.py``), so the first violation met is a shortest one. Invariants: a task's
+body never starts twice, two bodies are never inside at once, no task both runs and
+gives up, no copy gives up on a split claim (a quorum answered, no copy id on a
+quorum: with at most N - quorum nodes down that is never an outage), and in every
+final state (nothing left to do) every task has run or has given up explicitly (a
+FAILURE or a skip the caller sees).
 A body that crashed and whose message the broker delivers again (``redeliver``) has
 not run: the task must still run or give up, and that redelivery, or a copy it
 publishes, may start the body again (at least once, as any ``acks_late`` task).
@@ -16,9 +16,8 @@ publishes, may start the body again (at least once, as any ``acks_late`` task).
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from .handoff import (
     CLAIM_FIRST,
@@ -32,7 +31,9 @@ from .handoff import (
     HandoffModel,
     HandoffScenario,
     State,
+    Step,
 )
+from .search import search
 
 
 @dataclass
@@ -66,56 +67,25 @@ def check_handoff(scenario: HandoffScenario) -> HandoffResult:
     """Breadth-first over every reachable state: the first violation is a shortest one."""
     model = HandoffModel(scenario)
     started = time.perf_counter()
-    init = model.initial()
-    canonical = model.canonical
-    parent: dict[object, Optional[tuple[State, str]]] = {canonical(init): None}
-    queue = deque([init])
     result = HandoffResult(scenario, "safe")
-    while queue:
-        s = queue.popleft()
-        steps = model.successors(s)
-        violation = None if steps else model.lost(s)
+
+    def visit(s: State, steps: list[Step]) -> None:
         if not steps:
             result.final_states += 1
             result.bodies_run = max(result.bodies_run, s.outcome.count(RAN))
             result.spinning_finals += SPINNING in s.outcome
-        last: list[str] = []
-        for what, nxt, bad in steps:
-            key = canonical(nxt)
-            if key not in parent:
-                parent[key] = (s, what)
-                queue.append(nxt)
-            if bad is not None:
-                violation, last = bad, [what]
-                break
-        if violation is not None:
-            result.outcome, result.violation = "violation", violation
-            lines = [*_trace(parent, canonical, s), *last]
-            result.trace = [f"{i + 1:2d}. {line}" for i, line in enumerate(lines)]
-            result.trace.append(f"!! VIOLATION: {violation}")
-            break
-        if len(parent) >= scenario.max_states:
-            result.outcome = "bounded"
-            break
-    result.states = len(parent)
+
+    found = search(model, scenario.max_states, visit)
+    if found.violation is not None:
+        result.outcome, result.violation = "violation", found.violation
+        result.trace = found.trace
+    elif found.bounded:
+        result.outcome = "bounded"
+    result.states = found.states
     result.splits = model.splits
     result.kept, result.reruns = model.kept, model.reruns
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _trace(
-    parent: dict[object, Optional[tuple[State, str]]],
-    canonical: Callable[[State], object],
-    end: State,
-) -> list[str]:
-    lines: list[str] = []
-    node = parent.get(canonical(end))
-    while node is not None:
-        prev, what = node
-        lines.append(what)
-        node = parent[canonical(prev)]
-    return lines[::-1]
 
 
 def handoff_scenarios() -> list[HandoffScenario]:
