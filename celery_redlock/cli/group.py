@@ -99,11 +99,10 @@ def show(ctx: click.Context, key: str, timeout: float, as_json: bool) -> None:
     """
     config = load_config(ctx)
     lock = open_redlock(config, timeout)
-    full = full_key(key, config.key_prefix)
-    info, permits = read_key(lock, full, timeout)
+    info, permits = read_key(lock, full_key(key, config.key_prefix), timeout)
     document = holder_document(info)
     document["permits"] = [permits_document(p, per_node=True) for p in permits]
-    queued, cooling = read_queued_and_cooldown(lock, config.key_prefix, full, timeout)
+    queued, cooling = read_queued_and_cooldown(lock, config.key_prefix, info, timeout)
     document["queued"] = holder_document(queued) if queued.holder else None
     document["cooldown"] = permits_document(cooling) if cooling else None
     if as_json:

@@ -329,10 +329,22 @@ def read_key(lock: Redlock, key: str, timeout: float) -> tuple[HolderInfo, list[
 
 
 def read_queued_and_cooldown(
-    lock: Redlock, prefix: str, key: str, timeout: float
+    lock: Redlock, prefix: str, info: HolderInfo, timeout: float
 ) -> tuple[HolderInfo, Optional[Permits]]:
-    """The queue-once place of lock key ``key`` (who is queued) and its cooldown (the
-    one start counted, and when it frees), each read from every node."""
-    queued = lock.holder(key + QUEUED_SUFFIX)
-    _, counted = read_key(lock, cooldown_key(prefix, key), timeout)
-    return queued, next(iter(counted), None)
+    """The queue-once place of the key ``info`` was read for (who is queued) and its
+    cooldown (the one start counted, and when it frees), read from the nodes that
+    answered ``info``'s round: a hung node has cost its timeout already."""
+    nodes = configured_nodes(lock)
+    errors = {n.node: n.error for n in info.nodes}
+    earlier = [errors.get(node.address) for node in nodes]
+    place = info.key + QUEUED_SUFFIX
+    asked = [n for n, e in zip(nodes, earlier) if e is None]
+    answers = dict(zip(asked, on_each_node(asked, lambda n: read_holdings(n, [place])[0], timeout)))
+    holdings = []
+    for node, error in zip(nodes, earlier):
+        answer = answers.get(node, error)
+        holdings.append(
+            answer if isinstance(answer, NodeHolding) else NodeHolding(node.address, error=answer)
+        )
+    cooling = read_key_permits(nodes, cooldown_key(prefix, info.key), earlier, lock.quorum, timeout)
+    return HolderInfo(place, tuple(holdings), lock.quorum), next(iter(cooling), None)
