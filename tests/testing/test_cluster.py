@@ -9,13 +9,13 @@ import pytest
 from redis.crc import key_slot
 
 from celery_redlock.testing import ShardedCluster, ShardedClusterFactory
-from celery_redlock.testing.cluster import (
+from celery_redlock.testing.ports import LOOPBACK, claim_free_port, claim_port, release_port
+from celery_redlock.testing.sharded import (
     BUS_PORT_OFFSET,
     CLUSTER_SLOTS,
     claim_cluster_port,
     slot_ranges,
 )
-from celery_redlock.testing.ports import LOOPBACK, claim_free_port, claim_port, release_port
 
 
 def _key_in_every_slot() -> dict[int, str]:
