@@ -144,10 +144,8 @@ def claim_verdict(results: list[object], copy: str, quorum: int) -> str:
         return CLAIM_LOST
     if judged == UNAVAILABLE:
         return CLAIM_UNDECIDED
-    held = [n for n in map(_named, results) if n is not None]
-    if held and len(held) == len(results):
-        counts = Counter(held)
-        winner = min(counts, key=lambda v: (-counts[v], v))
+    winner = claim_winner(results, quorum)  # here: the plurality of a full claim
+    if winner is not None:
         return CLAIM_WON if winner == copy else CLAIM_LOST
     return CLAIM_SPLIT
 

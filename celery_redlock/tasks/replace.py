@@ -28,8 +28,8 @@ Every task sharing a lock key must agree on ``"replace"`` (a copy of a task with
 never claims its fate, so it would run although replaced); one call cannot switch it
 (call_options.py). The protocol and its model: SAFETY.md, "Replacing the pending copy".
 
-Imports lock/places.py, signals, config.py, headers.py, limits.py, options.py and Celery;
-never task.py or queue_once.py.
+Imports lock/places.py, lock/waiters.py, signals, errors, skipped, config.py,
+headers.py, limits.py and options.py; never task.py or queue_once.py.
 """
 
 from __future__ import annotations
