@@ -321,11 +321,17 @@ def permits_document(permits: Permits, per_node: bool = False) -> dict[str, Any]
 def read_key(lock: Redlock, key: str, timeout: float) -> tuple[HolderInfo, list[Permits]]:
     """Who holds ``key`` itself (one ``Redlock.holder`` round) and its permits (one
     pass over the nodes that answered the round): what ``show`` prints."""
-    nodes = configured_nodes(lock)
     info = lock.holder(key)
-    errors = {n.node: n.error for n in info.nodes}
-    earlier = [errors.get(node.address) for node in nodes]
+    nodes, earlier = _after(lock, info)
     return info, read_key_permits(nodes, key, earlier, lock.quorum, timeout)
+
+
+def _after(lock: Redlock, info: HolderInfo) -> tuple[list[Node], list[Optional[BaseException]]]:
+    """The lock's nodes, and each one's error in the round that read ``info`` (None
+    where it answered): a node that failed there has cost its timeout already."""
+    errors = {n.node: n.error for n in info.nodes}
+    nodes = configured_nodes(lock)
+    return nodes, [errors.get(node.address) for node in nodes]
 
 
 def read_queued_and_cooldown(
@@ -334,9 +340,7 @@ def read_queued_and_cooldown(
     """The queue-once place of the key ``info`` was read for (who is queued) and its
     cooldown (the one start counted, and when it frees), read from the nodes that
     answered ``info``'s round: a hung node has cost its timeout already."""
-    nodes = configured_nodes(lock)
-    errors = {n.node: n.error for n in info.nodes}
-    earlier = [errors.get(node.address) for node in nodes]
+    nodes, earlier = _after(lock, info)
     place = info.key + QUEUED_SUFFIX
     asked = [n for n, e in zip(nodes, earlier) if e is None]
     answers = dict(zip(asked, on_each_node(asked, lambda n: read_holdings(n, [place])[0], timeout)))

@@ -34,7 +34,7 @@ from .permits import (
 from .quorum import CLOCK_PRECISION
 from .settings import Settings
 from .steps import Ask, Steps
-from .stored import permit_slot
+from .stored import new_value, permit_slot
 
 __all__ = ["RATE_SLACK", "admit_steps", "permit_attempt_steps"]
 
@@ -109,7 +109,7 @@ def admit_steps(
     settings = rules.settings
     assert terms.period is not None
     hold = terms.period * (1 + settings.drift_factor) + RATE_SLACK + CLOCK_PRECISION
-    value = f"{secrets.token_urlsafe(20)}|{holder}"
+    value = new_value(holder)
     undo = functools.partial(drop_permits_command, key, terms, value, hold)
     started = rules.clock()
     start = random.randrange(terms.count)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 from collections import Counter
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
     "hold_tombstone",
     "is_lock_key",
     "lua_text",
+    "new_value",
     "permit_of",
     "permit_slot",
     "permit_slot_prefix",
@@ -188,6 +190,12 @@ def _forget_holder() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_holder)
+
+
+def new_value(holder: str) -> str:
+    """A value for ``holder`` to store: ``token|holder`` with a fresh random token
+    (url-safe base64: never a '|'); :func:`split_value` reads it."""
+    return f"{secrets.token_urlsafe(20)}|{holder}"
 
 
 def split_value(value: object) -> tuple[Optional[str], Optional[str]]:

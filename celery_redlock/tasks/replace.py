@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import random
-import secrets
 import time
 from typing import Any, Callable, Optional
 
@@ -44,6 +43,7 @@ from .. import signals
 from ..errors import LockContended, QuorumUnavailable
 from ..lock import places, waiters
 from ..lock.redlock import Lease, Redlock
+from ..lock.stored import new_value
 from ..skipped import replaced_result
 from .config import app_config
 from .headers import QUEUED_HEADER, header
@@ -82,7 +82,7 @@ def enqueue(
     copy (``task_id``) with ``send``, as queue_once.enqueue would, and replace the
     queued copy by it; the new copy's ``AsyncResult`` (see the module docstring)."""
     redlock = app_config(task.app).redlock(opts.node_timeout, False)
-    value = f"{secrets.token_urlsafe(20)}|{task_id}"
+    value = new_value(task_id)
     # Sent first: a copy is replaced only for a copy that exists (a caller dying after
     # its claim landed would otherwise leave the old copy replaced by nothing).
     options["headers"] = {**(options.get("headers") or {}), QUEUED_HEADER: value}
