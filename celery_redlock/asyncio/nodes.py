@@ -113,6 +113,12 @@ class AsyncNodeSet:
                     "unix://): use Redlock for sentinel:// nodes, or give the masters' "
                     "addresses"
                 )
+            if node.cluster is not None:
+                raise ConfigurationError(
+                    f"nodes[{index}]: {node.address!r} is a Redis Cluster; AsyncRedlock "
+                    "takes fixed addresses only (redis://, rediss://, unix://): use "
+                    "Redlock for redis+cluster:// nodes"
+                )
         self._conns: list[Optional[NodeConnection]] = [None] * len(self.nodes)
         self._clock = clock
         self._owed_age = owed_age(0.0)

@@ -94,7 +94,8 @@ end
 return {false, -4, soonest, soonest_ttl, turn}
 """.replace("FENCE", lua_text(FENCE))
     .replace("KIND_LIMIT", LIMIT)
-    .replace("KIND_RATE", RATE)
+    .replace("KIND_RATE", RATE),
+    names=(4,),
 )
 
 RELEASE_PERMIT: Final = Script(
@@ -130,7 +131,8 @@ if dropped > 0 then
   WAKE(ARGV[3])
 end
 return released
-""".replace("WAKE(ARGV[3])", publish_wake("ARGV[3]"))
+""".replace("WAKE(ARGV[3])", publish_wake("ARGV[3]")),
+    names=(3, 4),
 )
 
 DROP_PERMITS: Final = Script(
@@ -160,7 +162,8 @@ if keep < 0 then
   redis.call('set', KEYS[1], '1', 'PX', ARGV[2])
 end
 return dropped
-""".replace("WAKE(ARGV[6])", publish_wake("ARGV[6]"))
+""".replace("WAKE(ARGV[6])", publish_wake("ARGV[6]")),
+    names=(4, 6),
 )
 
 PERMIT_SCRIPTS: Final = (ACQUIRE_PERMIT, RELEASE_PERMIT, DROP_PERMITS)

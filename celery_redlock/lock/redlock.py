@@ -445,6 +445,8 @@ class Redlock(ShowsSettings):
         one round; one outcome per lease, as ``_extend_lease`` would give it. The
         watchdog's batched renewal (renewals.py)."""
         rules = self._rules
+        if self._nodes.clustered:  # a cluster node takes one key per round
+            return [self._extend_lease(lease, lease.ttl) for lease in leases]
         return extend_batch(
             self._nodes, leases, quorum=rules.quorum, node_timeout=rules.settings.node_timeout,
             margin=rules.settings.margin, clock=rules.clock,

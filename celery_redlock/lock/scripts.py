@@ -364,7 +364,8 @@ while true do
     return {head[1], head[2], message}
   end
 end
-"""
+""",
+    names=(1,),
 )
 
 CLAIM_WAITER: Final = Script(

@@ -162,6 +162,9 @@ class Wakeups:
     def node_count(self) -> int:
         return len(self._nodes)
 
+    def node(self, i: int) -> Node:
+        return self._nodes[i]
+
     def listener(self, clock: Callable[[], float], sleep: Callable[[float], None]) -> Listener:
         """A blocked acquire's subscriptions (its ``drive`` pause); ``close`` it."""
         if self._pid != os.getpid():  # forked: the connections are the parent's
@@ -222,7 +225,7 @@ class Listener:
             return
         if not self._started:
             self._started = True
-            self._subscribe([wake_channel(k) for k in step.keys])
+            self._subscribe(step.keys)
             if self._subs:
                 self._forget_heard()  # the next attempt comes after these
                 return  # attempt again now: a release before the subscription shows there
@@ -256,14 +259,15 @@ class Listener:
         for i, sub in subs.items():
             self._wakeups.checkin(i, sub)
 
-    def _subscribe(self, channels: list[bytes]) -> None:
+    def _subscribe(self, keys: Sequence[str]) -> None:
         now = self._clock()
         for i in range(self._wakeups.node_count):
             sub = self._wakeups.checkout(i, now)
             if sub is None:
                 continue
+            node = self._wakeups.node(i)
             try:
-                sub.listen(channels)
+                sub.listen([wake_channel(node.renamed_name(key)) for key in keys])
             except rexc.ConnectionError:
                 sub.close()
                 continue

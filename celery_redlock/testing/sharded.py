@@ -90,6 +90,7 @@ class ShardedCluster(Sequence[RedisServer]):
             "--cluster-node-timeout", str(node_timeout_ms),
         ]  # fmt: skip
         self._bus_ports: list[int] = []
+        self._migrating: dict[int, tuple[RedisServer, RedisServer]] = {}
         #: Each shard's servers; the first one starts as its master.
         self.shards: list[list[RedisServer]] = []
         for _ in range(masters):
@@ -131,6 +132,63 @@ class ShardedCluster(Sequence[RedisServer]):
     def urls(self) -> list[str]:
         """Every server's ``redis://`` URL (each one a seed for a cluster client)."""
         return [server.url for server in self.servers]
+
+    @property
+    def lock_url(self) -> str:
+        """The cluster as one lock node: ``redis+cluster://`` naming every server as a
+        seed (the password, if any, on the first)."""
+        password = self.servers[0].password
+        auth = f":{password}@" if password else ""
+        seeds = [f"redis+cluster://{LOOPBACK}:{server.port}" for server in self.servers]
+        seeds[0] = seeds[0].replace("://", f"://{auth}", 1)
+        return ";".join(seeds)
+
+    def shard_of_slot(self, slot: int) -> int:
+        """The shard whose master serves ``slot`` now (as that master says)."""
+        for shard in range(len(self)):
+            master = self.master_of(shard)
+            for start, end, owner, *_ in _command(master, "CLUSTER", "SLOTS"):
+                if int(start) <= slot <= int(end) and int(owner[1]) == master.port:
+                    return shard
+        raise RuntimeError(f"no shard of {self!r} serves slot {slot}")
+
+    def begin_migration(self, slot: int, to_shard: int) -> None:
+        """Start moving ``slot`` to ``to_shard`` (``CLUSTER SETSLOT ... IMPORTING`` /
+        ``MIGRATING``): its keys stay where they are until ``end_migration``; a key
+        the old master does not have is answered with ``ASK``."""
+        source = self.master_of(self.shard_of_slot(slot))
+        target = self.master_of(to_shard)
+        if source is target:
+            raise ValueError(f"slot {slot} is served by shard {to_shard} already")
+        _command(
+            target, "CLUSTER", "SETSLOT", slot, "IMPORTING", _command(source, "CLUSTER", "MYID")
+        )
+        _command(
+            source, "CLUSTER", "SETSLOT", slot, "MIGRATING", _command(target, "CLUSTER", "MYID")
+        )
+        self._migrating[slot] = (source, target)
+
+    def end_migration(self, slot: int) -> None:
+        """Move ``slot``'s keys still on the old master (``MIGRATE``) and give the slot
+        to the new one on every master (``CLUSTER SETSLOT ... NODE``)."""
+        source, target = self._migrating.pop(slot)
+        while True:
+            keys = _command(source, "CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            args = ["MIGRATE", LOOPBACK, target.port, "", 0, 5000]
+            if target.password:
+                args += ["AUTH", target.password]
+            _command(source, *args, "KEYS", *keys)
+        target_id = _command(target, "CLUSTER", "MYID")
+        for server in (target, source, *[m for m in self if m not in (source, target)]):
+            _command(server, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        _wait_until(self._ready, START_TIMEOUT, f"{self!r} ready after moving slot {slot}")
+
+    def migrate_slot(self, slot: int, to_shard: int) -> None:
+        """Move ``slot`` and its keys to ``to_shard`` (a resharding of one slot)."""
+        self.begin_migration(slot, to_shard)
+        self.end_migration(slot)
 
     def master_of(self, shard: int) -> RedisServer:
         """The running server of ``shard`` that says it is a master."""

@@ -290,6 +290,16 @@ class Connection:
         self.out += payload
         self.flush()
 
+    def send_optional(self, payload: bytes) -> None:
+        """Queue a command whose reply nobody reads (``ASKING`` ahead of a command
+        redirected by a cluster); an error in it is ignored, as a handshake nicety's."""
+        self.expect.append(_OPTIONAL)
+        if self.state != READY:
+            self.pending.append(payload)
+        else:
+            self.out += payload
+            self.flush()
+
     @property
     def wants_write(self) -> bool:
         if self.state == _CONNECTING:

@@ -33,7 +33,9 @@ from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_ur
 
 from ..errors import ConfigurationError
 from . import unpatched
+from .cluster import ClusterSpec
 from .connection import MIN_OWED_AGE, READY, Connection, handshake
+from .resp import Command
 from .sentinel import SentinelSpec, discover, is_sentinel_url, master_client, parse_sentinel_url
 
 __all__ = ["DISCOVERY_BUDGET", "Node", "redact"]
@@ -46,7 +48,8 @@ DISCOVERY_BUDGET: Final = 1.0
 _ACCEPTED_URLS: Final = (
     "accepted: redis://[[user]:password@]host[:port][/db], rediss://... "
     "(TLS), unix:///path/to/socket[?db=N] or "
-    "sentinel://[[user]:password@]host[:port][/db][;sentinel://...]?master_name=NAME"
+    "sentinel://[[user]:password@]host[:port][/db][;sentinel://...]?master_name=NAME "
+    "or redis+cluster://[[user]:password@]host:port[;redis+cluster://...] (a Redis Cluster)"
 )
 
 
@@ -102,6 +105,8 @@ class Node:
         kwargs = _node_kwargs(spec, index)
         #: The Sentinels that know where this master is (None: a fixed address).
         self.sentinel: Optional[SentinelSpec] = kwargs.pop("sentinel", None)
+        #: The Redis Cluster this node is (cluster_node.py), or None: one master.
+        self.cluster: Optional[ClusterSpec] = None
         self._kwargs = kwargs
         self.path: Optional[str] = kwargs.get("path")
         self.host: str = kwargs.get("host") or "localhost"
@@ -168,6 +173,15 @@ class Node:
                 self._client = redis.Redis(connection_pool=pool)
         return self._client
 
+    def renamed_name(self, name: str) -> str:
+        """``name`` as this node stores it (a Redis Cluster tags it: cluster.py)."""
+        return name
+
+    def route(self, command: Command) -> tuple[Command, Optional[int]]:
+        """``command`` as this node is sent it, and the hash slot it goes to (None:
+        one master serves every key)."""
+        return command, None
+
     def _resolve(self, budget: float) -> tuple[int, Any]:
         if self.path:
             return socket.AF_UNIX, self.path
@@ -204,11 +218,14 @@ class Node:
         current = self._sockaddr
         return current is None or conn.sockaddr != current[1]
 
-    def connect(self, now: float, budget: float = DISCOVERY_BUDGET) -> Connection:
+    def connect(
+        self, now: float, budget: float = DISCOVERY_BUDGET, slot: Optional[int] = None
+    ) -> Connection:
         """A new connection being set up. Raises ``redis.ConnectionError``.
 
         ``budget``: seconds the Sentinels may take to name the master, when that
-        must be asked first (a round passes what is left of its deadline).
+        must be asked first (a round passes what is left of its deadline). ``slot``:
+        the hash slot of the command it is for (``route``; only a cluster uses it).
         """
         try:
             family, sockaddr = self._resolve(budget)
@@ -222,11 +239,12 @@ class Node:
         now: float,
         owed_age: float = MIN_OWED_AGE,
         budget: float = DISCOVERY_BUDGET,
+        slot: Optional[int] = None,
     ) -> Optional[Connection]:
         """An idle connection, or a new one being set up (``None`` when ``connect`` is
         false and there is no idle one). Raises ``redis.ConnectionError``.
 
-        ``budget``: see ``connect``."""
+        ``budget``, ``slot``: see ``connect``."""
         idle = self._idle
         while True:
             try:

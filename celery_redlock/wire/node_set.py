@@ -37,6 +37,8 @@ from redis import exceptions as rexc
 from ..errors import ConfigurationError
 from . import late_replies as finisher
 from . import unpatched
+from .cluster import ASKING, redirect_target
+from .cluster_node import ClusterNode, make_node
 from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .node import Node
 from .resp import Command, pack
@@ -72,6 +74,13 @@ class _Tally(Protocol):
     def deadline_passed(self, names: Sequence[str], timeout: float) -> None: ...
 
 
+class _Route(NamedTuple):
+    """What one node is sent in a round, and the hash slot it goes to (a cluster's)."""
+
+    commands: tuple[Command, ...]
+    slot: Optional[int]
+
+
 class _Driven(NamedTuple):
     """A tally and how its replies map back to commands."""
 
@@ -93,8 +102,14 @@ class NodeSet:
     """N nodes and the round: one command to all of them, replies as they arrive."""
 
     def __init__(self, specs: Sequence[object], clock: Callable[[], float] = time.monotonic):
-        self.nodes = [Node(spec, i) for i, spec in enumerate(specs)]
-        self._sentinel_managed = any(node.sentinel is not None for node in self.nodes)
+        self.nodes = [make_node(spec, i) for i, spec in enumerate(specs)]
+        # Nodes whose address may have to be asked first (Sentinels, a cluster's map).
+        self._discovering = any(
+            node.sentinel is not None or node.cluster is not None for node in self.nodes
+        )
+        #: Whether a node is a Redis Cluster (its commands are routed by slot, one key
+        #: per command: the lock renews such leases one by one, not in a batch).
+        self.clustered = any(node.cluster is not None for node in self.nodes)
         seen: dict[tuple[str, ...], int] = {}
         for i, node in enumerate(self.nodes):
             if node.identity in seen:
@@ -232,19 +247,20 @@ class NodeSet:
             age = owed_age(timeout)
             if age > self._owed_age:
                 self._owed_age = age
-        conns = self._send_all(commands, tally, now, timeout, wait, deliver)
-        timed_out = wait and self._collect(driven, conns, now + timeout)
+        routes = self._routes(commands)  # before anything is sent: may refuse
+        conns = self._send_all(routes, tally, now, timeout, wait, deliver)
+        timed_out = wait and self._collect(driven, conns, now + timeout, routes)
         late = tally.awaited if timed_out else ()
         if timed_out:
             tally.deadline_passed([node.address for node in self.nodes], timeout)
         owing = False
         for i, (node, conn) in enumerate(zip(self.nodes, conns)):
+            if i in late and (node.sentinel is not None or node.cluster is not None):
+                # A hung master is what Sentinels (a cluster) fail over: ask them
+                # again next round (the connection is dropped once the address moves).
+                node.forget_address()
             if conn is None:
                 continue
-            if i in late and node.sentinel is not None:
-                # A hung master is what Sentinels fail over: ask them again next
-                # round (the connection is dropped once the address moves).
-                node.forget_address()
             if i in late and conn.behind_for(now) > self._owed_age:
                 # Behind for long and no answer in time: out of step (requests lost
                 # on the way) or slower than the deadline for long. Start afresh.
@@ -254,9 +270,31 @@ class NodeSet:
         if owing:
             finisher.note(self)
 
+    def _routes(self, commands: Sequence[Command]) -> list[_Route]:
+        """What each node is sent: the commands as it stores names (a cluster node's
+        renamed, node.route) and the hash slot they go to. ConfigurationError when a
+        cluster node cannot take them (keys in several slots)."""
+        plain = _Route(tuple(commands), None)
+        if not self.clustered:
+            return [plain] * len(self.nodes)
+        routes = []
+        for node in self.nodes:
+            if node.cluster is None:
+                routes.append(plain)
+                continue
+            routed = [node.route(command) for command in commands]
+            slots = {slot for _, slot in routed if slot is not None}
+            if len(slots) > 1:
+                raise ConfigurationError(
+                    f"{node.address}: one round's commands span hash slots {sorted(slots)}; "
+                    "a Redis Cluster node takes one key per round"
+                )
+            routes.append(_Route(tuple(c for c, _ in routed), next(iter(slots), None)))
+        return routes
+
     def _send_all(
         self,
-        commands: Sequence[Command],
+        routes: Sequence[_Route],
         tally: _Tally,
         now: float,
         timeout: float,
@@ -273,7 +311,7 @@ class NodeSet:
         # not the others (node.py).
         order: Sequence[int] = range(len(self.nodes))
         to_find = 0
-        if self._sentinel_managed:
+        if self._discovering:
             order = sorted(order, key=lambda i: self.nodes[i].needs_discovery)
             to_find = sum(1 for node in self.nodes if node.needs_discovery)
         for i in order:
@@ -286,7 +324,8 @@ class NodeSet:
                 # A clean-up that must be delivered (an undo, wait=False) opens a
                 # connection where every pooled one is busy with another caller's
                 # round: dropped, it would leave our entry on that node for its TTL.
-                conn = node.checkout(wait or deliver, now, self._owed_age, budget)
+                commands, slot = routes[i]
+                conn = node.checkout(wait or deliver, now, self._owed_age, budget, slot)
                 if conn is None:
                     continue
                 conns[i] = conn
@@ -299,10 +338,12 @@ class NodeSet:
                     # A pooled connection the node dropped (restart, idle timeout):
                     # once more on a fresh one, within the same round.
                     conn.close()
-                    conns[i] = conn = node.connect(now, budget)
+                    conns[i] = conn = node.connect(now, budget, slot)
                     for command in commands:
                         conn.send(command.payload, command, now)
             except (rexc.RedisError, OSError) as exc:
+                if node.cluster is not None:
+                    node.forget_address()  # a server gone: the map may be stale
                 tally.failed(i, _as_redis_error(exc, node.address))
                 failed = conns[i]
                 if failed is not None:
@@ -310,10 +351,17 @@ class NodeSet:
                     conns[i] = None
         return conns
 
-    def _collect(self, driven: _Driven, conns: list[Optional[Connection]], deadline: float) -> bool:
+    def _collect(
+        self,
+        driven: _Driven,
+        conns: list[Optional[Connection]],
+        deadline: float,
+        routes: Sequence[_Route],
+    ) -> bool:
         """Read replies until decided (False) or the deadline passed (True)."""
         tally = driven.tally
         started = self._clock()
+        redirected: set[int] = set()  # cluster nodes redirected this round (once each)
         poller = unpatched.poll()
         by_fd: dict[int, int] = {}
         for i, conn in enumerate(conns):
@@ -342,16 +390,36 @@ class NodeSet:
                     del by_fd[fd]
                     conn.close()
                     budget = max(0.0, deadline - self._clock())
-                    fresh = self._reconnect(driven, conn, exc, started, i, budget)
+                    fresh = self._reconnect(driven, conn, exc, started, i, budget, routes[i].slot)
                     if fresh is not None:
                         conns[i] = fresh
                         by_fd[fresh.fileno()] = i
                         poller.register(fresh.fileno(), _POLLIN | _POLLOUT)
                     continue
+                # A cluster node's MOVED / ASK: the command goes on to the server named.
+                redirect: Optional[tuple[bool, int, str, int]] = None
+                moved_to: Optional[Connection] = None
                 for reply in replies:
+                    if routes[i].slot is not None and i not in redirected:
+                        redirect = redirect_target(reply)
+                        if redirect is not None:
+                            redirected.add(i)
+                            budget = max(0.0, deadline - self._clock())
+                            moved_to = self._redirect(driven, i, redirect, budget)
+                            break  # one command per cluster round: nothing behind it
                     again = driven.resend(i, reply)
                     if again is not None:  # the node forgot our scripts
+                        again = self._as_sent(i, again)
                         conn.send(again.fallback(), again, self._clock())
+                if redirect is not None:
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                    self.nodes[i].checkin(conn, self._clock())  # in step: the reply was read
+                    conns[i] = moved_to  # None: the node failed (the tally was told)
+                    if moved_to is not None:
+                        by_fd[moved_to.fileno()] = i
+                        poller.register(moved_to.fileno(), _POLLIN | _POLLOUT)
+                    continue
                 if not tally.awaiting(i):
                     poller.unregister(fd)
                     del by_fd[fd]
@@ -367,21 +435,59 @@ class NodeSet:
         started: float,
         i: int,
         budget: float,
+        slot: Optional[int] = None,
     ) -> Optional[Connection]:
         """Node ``i``'s connection failed mid-round: a fresh one that was sent the
         commands still unanswered, or None when the node has failed this round (the
-        tally is told). ``budget``: seconds left of the round (see ``Node.connect``)."""
+        tally is told). ``budget``: seconds left of the round (see ``Node.connect``);
+        ``slot``: where the commands go (a cluster node's)."""
+        node = self.nodes[i]
         if isinstance(exc, (rexc.ConnectionError, OSError)) and conn.born < started:
             # A pooled connection the node had dropped (restart, idle timeout): once
             # more on a fresh one, within this round. The scripts are idempotent for
             # our own value, so a resend is safe.
             try:
-                fresh = self.nodes[i].connect(started, budget)
+                fresh = node.connect(started, budget, slot)
                 for command in driven.unanswered(i):
+                    command = self._as_sent(i, command)
                     fresh.send(command.payload, command, started)
             except rexc.RedisError as again:
                 exc = again
             else:
                 return fresh
-        driven.tally.failed(i, _as_redis_error(exc, self.nodes[i].address))
+        if node.cluster is not None:
+            node.forget_address()
+        driven.tally.failed(i, _as_redis_error(exc, node.address))
         return None
+
+    def _as_sent(self, i: int, command: Command) -> Command:
+        """``command`` as node ``i`` is sent it (renamed on a cluster node)."""
+        return command if self.nodes[i].cluster is None else self.nodes[i].route(command)[0]
+
+    def _redirect(
+        self, driven: _Driven, i: int, target: tuple[bool, int, str, int], budget: float
+    ) -> Optional[Connection]:
+        """Cluster node ``i`` answered ``MOVED`` or ``ASK`` (``target``, see
+        cluster.redirect_target): its unanswered commands sent to the server named, on
+        an idle or new connection (an ``ASK`` prefixed with ``ASKING``, the map left
+        as it is; a ``MOVED`` updates it), or None when that fails (the tally is told).
+        Once per node and round: a second redirect is the node's no."""
+        node = self.nodes[i]
+        assert isinstance(node, ClusterNode)
+        asking, slot, host, port = target
+        if not asking:
+            node.moved(slot, (host, port))
+        now = self._clock()
+        try:
+            conn = node.server((host, port)).checkout(True, now, self._owed_age, budget)
+            assert conn is not None  # connect=True
+            for command in driven.unanswered(i):
+                command = self._as_sent(i, command)
+                if asking:
+                    conn.send_optional(ASKING.payload)
+                conn.send(command.payload, command, now)
+        except (rexc.RedisError, OSError) as exc:
+            node.forget_address()
+            driven.tally.failed(i, _as_redis_error(exc, node.address))
+            return None
+        return conn

@@ -14,13 +14,13 @@ classes and scripts.py's ``Script`` only; nothing else from the package.
 from __future__ import annotations
 
 import re
-from typing import Any, Final, Sequence, Union
+from typing import Any, Callable, Final, Sequence, Union
 
 from redis import exceptions as rexc
 
 from .script import Script
 
-__all__ = ["INCOMPLETE", "Command", "pack", "parse"]
+__all__ = ["INCOMPLETE", "Command", "Plain", "pack", "parse"]
 
 
 def pack(*args: Union[bytes, str, int]) -> bytes:
@@ -71,6 +71,21 @@ class Command:
             self._keys + self._args
         )
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The key names the call declares (``KEYS``)."""
+        return self._keys
+
+    def renamed(self, keys: Sequence[str], rename: Callable[[str], str]) -> Command:
+        """The same call with ``keys`` as its key names and ``rename`` applied to
+        every argument the script says names a key (``Script.names``): how a
+        Redis Cluster node is sent it (wire/cluster.py)."""
+        args = list(self._args)
+        for position in self.script.names:
+            arg = args[position - 1]
+            args[position - 1] = rename(arg.decode() if isinstance(arg, bytes) else str(arg))
+        return Command(self.script, keys, args)
+
     def eval_args(self) -> tuple[Any, ...]:
         """The call as ``EVAL`` arguments (``redis.Redis.eval(*command.eval_args())``),
         for a plain client that may not have loaded the script (the CLI)."""
@@ -79,6 +94,30 @@ class Command:
     def fallback(self) -> bytes:
         """The same call as EVAL, for a node that answered NOSCRIPT."""
         return pack(b"EVAL", self.script.source, len(self._keys), *self._keys, *self._args)
+
+
+class Plain(Command):
+    """A plain command, not a script call (``CLUSTER SLOTS``, ``ASKING``), sent on a
+    lock connection like one: it has no keys and nothing to fall back to."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Union[bytes, str, int]) -> None:
+        self._keys = ()
+        self._args = tuple(args)
+        self.payload = pack(*args)
+
+    def renamed(self, keys: Sequence[str], rename: Callable[[str], str]) -> Command:
+        return self
+
+    def eval_args(self) -> tuple[Any, ...]:
+        return self._args
+
+    def fallback(self) -> bytes:
+        return self.payload
+
+    def __repr__(self) -> str:
+        return f"<Plain {self._args!r}>"
 
 
 class _Incomplete:

@@ -16,11 +16,14 @@ __all__ = ["PRELOADED", "Script", "preload"]
 class Script:
     """A Lua script with its SHA1, as sent with EVALSHA (EVAL when the node forgot it)."""
 
-    __slots__ = ("sha", "source")
+    __slots__ = ("names", "sha", "source")
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, names: tuple[int, ...] = ()) -> None:
         self.source = source.strip() + "\n"
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        #: The ``ARGV`` positions (1-based) that hold a key name or the start of one
+        #: (a prefix the script completes): renamed with the keys on a cluster node.
+        self.names = names
 
     def __repr__(self) -> str:
         return f"<Script {self.sha[:8]}>"
