@@ -83,7 +83,7 @@ def check_permissions(facts: NodeFacts, config: AppConfig) -> Check:
     """This user can take and release a lock (an ACL may allow INFO but not EVALSHA)."""
     if not facts.lock_scripts_error:
         return Check("permissions", OK, "a probe lock was taken and released")
-    if facts.cluster_enabled:  # not a permission: the node refuses the scripts' keys
+    if facts.cluster_enabled and facts.cluster_shards is None:  # slots, not permission
         return Check(
             "permissions",
             ERROR,
@@ -134,14 +134,25 @@ def check_version(facts: NodeFacts, config: AppConfig) -> Check:
 def check_role(facts: NodeFacts, config: AppConfig) -> Check:
     """An independent master: a replica or a Redis Cluster node is an ERROR, a master
     with replicas a WARNING."""
+    if facts.cluster_shards is not None:
+        return Check(
+            "role",
+            WARNING,
+            f"a Redis Cluster of {facts.cluster_shards} shard(s) and "
+            f"{facts.cluster_replicas} replica(s) as one lock node: each key's vote is "
+            "the vote of its slot's master. Shards replicate asynchronously, so a "
+            "failover inside the cluster (CLUSTER FAILOVER, a master lost) can lose a "
+            "held lock, as with Sentinel; one cluster is one vote, so Redlock's "
+            "guarantees need several independent clusters (or masters) as nodes",
+        )
     if facts.cluster_enabled:
         return Check(
             "role",
             ERROR,
-            "a Redis Cluster node (cluster-enabled yes): Redlock needs standalone masters; "
-            "each lock script takes the key with its own internal keys, which a cluster "
-            "refuses (CROSSSLOT, MOVED, CLUSTERDOWN) unless they share a slot. Give "
-            "redlock_nodes N standalone redis-server processes (cluster-enabled no)",
+            "a Redis Cluster server named as a plain master (cluster-enabled yes): the "
+            "lock scripts' keys span slots there (CROSSSLOT, MOVED), so it never votes. "
+            "Name the cluster as one node, redis+cluster://HOST:PORT[;redis+cluster://"
+            "HOST:PORT...], or give redlock_nodes standalone masters",
         )
     if facts.role == "slave":
         return Check(
@@ -301,11 +312,16 @@ def check_distinct_servers(facts: Sequence[NodeFacts]) -> list[Check]:
 
 
 def usable_nodes(facts: Sequence[NodeFacts]) -> int:
-    """Nodes that can vote: reachable standalone masters, each server counted once."""
+    """Nodes that can vote: reachable standalone masters and clusters named as one
+    node, each server counted once."""
     seen: set[str] = set()
     usable = 0
     for node in facts:
-        if not node.reachable or node.role != "master" or node.cluster_enabled:
+        if (
+            not node.reachable
+            or node.role != "master"
+            or (node.cluster_enabled and node.cluster_shards is None)
+        ):
             continue
         if node.run_id:
             if node.run_id in seen:

@@ -11,13 +11,15 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import redis
 
 from ..lock import scripts
 from ..lock.redlock import FENCE, tombstone
 from ..lock.stored import LIMIT, RATE
+from ..wire.cluster import tagged
+from ..wire.cluster_node import ClusterNode
 from ..wire.node_set import Node
 from .common import error_text, lock_keys, prefix_match, text
 from .permits import describe_name, permit_name, read_terms
@@ -77,6 +79,9 @@ class NodeFacts:
     sentinel_master: Optional[str] = None
     #: Where the Sentinels said the master was, when doctor looked (host:port).
     master_address: Optional[str] = None
+    #: A Redis Cluster as one node (redis+cluster://): its masters and their replicas.
+    cluster_shards: Optional[int] = None
+    cluster_replicas: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +115,8 @@ class NodeFacts:
             "lock_scripts_error": self.lock_scripts_error,
             "sentinel_master": self.sentinel_master,
             "master_address": self.master_address,
+            "cluster_shards": self.cluster_shards,
+            "cluster_replicas": self.cluster_replicas,
         }
 
 
@@ -119,6 +126,8 @@ def inspect_node(node: Node, prefix: str, budget: float) -> NodeFacts:
     ``budget``: the seconds this node gets; the key scan stops early to fit in it.
     """
     started = time.monotonic()
+    if isinstance(node, ClusterNode):
+        return _inspect_cluster(node, prefix, budget)
     facts = NodeFacts(node.address)
     client = node.client()
     client.ping()  # connects: not part of the round trip measured below
@@ -130,8 +139,37 @@ def inspect_node(node: Node, prefix: str, budget: float) -> NodeFacts:
     facts.latency_ms = _round_trip_ms(client)
     _read_info(client, facts)
     facts.clock_offset = _clock_offset(client)
-    facts.lock_scripts_error = _probe_lock_scripts(client, prefix)
+    key = f"{prefix}:doctor-probe:{os.getpid()}:{time.monotonic_ns()}"
+    facts.lock_scripts_error = _probe_lock_scripts(client, key)
     _scan_lock_keys(client, prefix, facts, started + budget * SCAN_BUDGET)
+    return facts
+
+
+def _inspect_cluster(node: ClusterNode, prefix: str, budget: float) -> NodeFacts:
+    """A Redis Cluster as one node: settings from its first master, the probe lock on
+    the master of its key's slot (the names tagged as the lock tags them), lock keys
+    counted on every master."""
+    started = time.monotonic()
+    facts = NodeFacts(node.address)
+    masters = node.masters(budget)
+    client = masters[0].client()
+    client.ping()
+    facts.reachable = True
+    facts.cluster_shards = len(masters)
+    facts.latency_ms = _round_trip_ms(client)
+    _read_info(client, facts)
+    facts.cluster_replicas = sum(
+        int(m.client().info("replication").get("connected_slaves") or 0) for m in masters
+    )
+    facts.clock_offset = _clock_offset(client)
+    probe = f"{prefix}:doctor-probe:{os.getpid()}:{time.monotonic_ns()}"
+    owner = node.master_of_name(tagged(probe), budget).client()
+    facts.lock_scripts_error = _probe_lock_scripts(owner, probe, tagged)
+    stop_at = started + budget * SCAN_BUDGET
+    for master in masters:
+        _scan_lock_keys(master.client(), prefix, facts, stop_at, match="{" + prefix_match(prefix))
+        if not facts.scan_complete:
+            break
     return facts
 
 
@@ -183,19 +221,22 @@ def _clock_offset(client: redis.Redis) -> float:
     return float(seconds + micros / 1e6 - (before + after) / 2)
 
 
-def _probe_lock_scripts(client: redis.Redis, prefix: str) -> Optional[str]:
-    """Take and release a probe lock with the lock's own commands (SCRIPT LOAD, then
-    EVALSHA of the acquire and release scripts): None when this user may, else why not.
-    Inspection alone cannot tell: an ACL may allow INFO and forbid EVALSHA or DEL."""
-    key = f"{prefix}:doctor-probe:{os.getpid()}:{time.monotonic_ns()}"
+def _probe_lock_scripts(
+    client: redis.Redis, key: str, rename: Callable[[str], str] = str
+) -> Optional[str]:
+    """Take and release a probe lock on ``key`` with the lock's own commands (SCRIPT
+    LOAD, then EVALSHA of the acquire and release scripts): None when this user may,
+    else why not. Inspection alone cannot tell: an ACL may allow INFO and forbid
+    EVALSHA or DEL. ``rename``: the names as the node stores them (a cluster's)."""
     value = "doctor-probe|celery redlock doctor"
     try:
         for script in (scripts.ACQUIRE, scripts.RELEASE):
             client.script_load(script.source)
-        taken = client.evalsha(scripts.ACQUIRE.sha, 2, key, tombstone(key, value), value, 5000)
+        names = (rename(key), rename(tombstone(key, value)))
+        taken = client.evalsha(scripts.ACQUIRE.sha, 2, *names, value, 5000)
         if taken != 1:
             return f"the probe lock {key} was not granted ({taken!r})"
-        released = client.evalsha(scripts.RELEASE.sha, 2, key, tombstone(key, value), value, 5000)
+        released = client.evalsha(scripts.RELEASE.sha, 2, *names, value, 5000)
         if released != 1:
             return f"the probe lock {key} was not released ({released!r})"
     except redis.RedisError as exc:
@@ -203,10 +244,17 @@ def _probe_lock_scripts(client: redis.Redis, prefix: str) -> Optional[str]:
     return None
 
 
-def _scan_lock_keys(client: redis.Redis, prefix: str, facts: NodeFacts, stop_at: float) -> None:
+def _scan_lock_keys(
+    client: redis.Redis,
+    prefix: str,
+    facts: NodeFacts,
+    stop_at: float,
+    match: Optional[str] = None,
+) -> None:
     """Count lock keys, permits and fence keys, find lock keys and permit slots without
-    a TTL, and note the longest TTL and rate period, until ``stop_at``."""
-    match = prefix_match(prefix)
+    a TTL, and note the longest TTL and rate period, until ``stop_at``. ``match``:
+    the SCAN pattern (default: the prefix's; a cluster's names begin with ``{``)."""
+    match = match or prefix_match(prefix)
     permits: dict[str, set[str]] = {LIMIT: set(), RATE: set()}
     cursor = 0
     try:

@@ -15,13 +15,21 @@ lock or Celery.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, cast
 
 import redis
 from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 
-from .cluster import ClusterSpec, SlotMap, ask_slot_map, is_cluster_url, parse_cluster_url
+from .cluster import (
+    ClusterSpec,
+    SlotMap,
+    ask_slot_map,
+    is_cluster_url,
+    parse_cluster_url,
+    slot_of,
+)
 from .cluster import renamed as cluster_renamed
 from .cluster import tagged as cluster_tagged
 from .connection import MIN_OWED_AGE, Connection
@@ -117,6 +125,20 @@ class ClusterNode(Node):
         for where, conn in done:
             self.server(where).checkin(conn, now)
         return slots
+
+    def masters(self, budget: float = DISCOVERY_BUDGET) -> list[Node]:
+        """The cluster's masters as plain nodes (for inspection: doctor, CLI), the
+        slot map asked first when it is not known. Raises ``redis.ConnectionError``."""
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = self._discover(time.monotonic(), budget)
+        return [self.server(where) for where in slots.masters]
+
+    def master_of_name(self, name: str, budget: float = DISCOVERY_BUDGET) -> Node:
+        """The master serving ``name`` (as a cluster node stores it: ``tagged``)."""
+        self.masters(budget)
+        assert self._slots is not None
+        return self.server(self._slots.owner(slot_of(name)))
 
     # -- connections (Node's, per server) --------------------------------------------
 

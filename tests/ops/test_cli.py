@@ -36,6 +36,7 @@ from celery_redlock.testing import (
     RedisNodesFactory,
     RedisServer,
     RedisServerFactory,
+    ShardedClusterFactory,
 )
 from celery_redlock.testing.sharded import claim_cluster_port
 from tests.support.cli import doc, invoke, make_app, run_celery
@@ -581,10 +582,35 @@ def test_doctor_flags_a_redis_cluster_node_not_as_a_permission_problem(
     assert result.exit_code == 1, result.output
     checks = node_checks(doc(result.stdout), address(clustered))
     assert checks["role"]["status"] == "ERROR"
-    assert "a Redis Cluster node" in checks["role"]["message"]
-    assert "redlock_nodes" in checks["role"]["message"]
+    assert "a Redis Cluster server named as a plain master" in checks["role"]["message"]
+    assert "redis+cluster://HOST:PORT" in checks["role"]["message"]
     assert checks["permissions"]["status"] == "ERROR"
     assert "ACL" not in checks["permissions"]["message"]
     assert "see role" in checks["permissions"]["message"]
     # It cannot vote: the two standalone masters make the quorum.
     assert cluster_checks(doc(result.stdout))["quorum"]["message"].startswith("2 of 3 nodes usable")
+
+
+def test_doctor_reports_a_cluster_named_as_one_node_and_counts_its_keys_on_every_shard(
+    sharded_cluster_factory: ShardedClusterFactory,
+) -> None:
+    cluster = sharded_cluster_factory(3, replicas=1)
+    lock = Redlock([cluster.lock_url])
+    leases = [lock.acquire(f"redlock:task:{n}", ttl=60) for n in range(9)]
+    try:
+        result = invoke([cluster.lock_url], "doctor", "--json")
+        report = doc(result.stdout)
+        (node,) = report["nodes"]
+        checks = node_checks(report, node["node"])
+        assert node["cluster_shards"] == 3 and node["cluster_replicas"] == 3
+        assert checks["role"]["status"] == "WARNING"
+        assert "a Redis Cluster of 3 shard(s) and 3 replica(s) as one lock node" in (
+            checks["role"]["message"]
+        )
+        assert checks["permissions"]["status"] == "OK", checks["permissions"]
+        assert node["lock_keys"] == 9  # on every shard, found under their tags
+        assert cluster_checks(report)["quorum"]["message"].startswith("1 of 1 nodes usable")
+    finally:
+        for lease in leases:
+            assert lease is not None and lease.release()
+        lock.close()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import redis
 from celery import Celery
@@ -47,12 +47,15 @@ class Stack:
     client: Celery
 
 
-def app_env(broker_url: str, nodes: RedisNodes, observer_url: str, **more: str) -> dict[str, str]:
-    """This process's environment, with what an app of tests/apps/ reads."""
+def app_env(
+    broker_url: str, nodes: Union[RedisNodes, Sequence[str]], observer_url: str, **more: str
+) -> dict[str, str]:
+    """This process's environment, with what an app of tests/apps/ reads (``nodes``:
+    the lock nodes, or their URLs)."""
     env = dict(os.environ)
     env.update(
         BROKER_URL=broker_url,
-        REDLOCK_NODES=",".join(nodes.urls),
+        REDLOCK_NODES=",".join(nodes.urls if isinstance(nodes, RedisNodes) else nodes),
         OBSERVER_URL=observer_url,
         **more,
     )
