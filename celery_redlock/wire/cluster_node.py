@@ -16,11 +16,10 @@ lock or Celery.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, cast
+from typing import Optional, cast
 
 import redis
 from redis import exceptions as rexc
-from redis.cluster import RedisCluster
 
 from .cluster import (
     ClusterSpec,
@@ -32,14 +31,12 @@ from .cluster import (
 )
 from .cluster import renamed as cluster_renamed
 from .cluster import tagged as cluster_tagged
+from .cluster_view import ClusterView
 from .connection import MIN_OWED_AGE, Connection
 from .node import DISCOVERY_BUDGET, Node, redact
 from .resp import Command
 
 __all__ = ["ClusterNode", "make_node"]
-
-#: Socket timeouts of the inspection client (doctor, CLI), in seconds.
-INSPECTION_TIMEOUT = 5.0
 
 
 def make_node(spec: object, index: int = 0) -> Node:
@@ -181,14 +178,8 @@ class ClusterNode(Node):
         self._client = None
 
     def client(self) -> redis.Redis:
-        """A redis-py cluster client, for inspection (doctor, CLI); rounds never use it."""
+        """The cluster seen as one plain Redis, for inspection (CLI, ``clear``):
+        cluster_view.py. Rounds never use it."""
         if self._client is None:
-            assert self.cluster is not None
-            host, port = self.cluster.seeds[0]
-            kwargs: dict[str, Any] = {
-                "socket_timeout": INSPECTION_TIMEOUT,
-                "socket_connect_timeout": INSPECTION_TIMEOUT,
-            }
-            cluster = RedisCluster.from_url(self.cluster.server_url(host, port), **kwargs)
-            self._client = cast(redis.Redis, cluster)
+            self._client = cast(redis.Redis, ClusterView(self))
         return self._client

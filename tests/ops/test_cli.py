@@ -36,6 +36,7 @@ from celery_redlock.testing import (
     RedisNodesFactory,
     RedisServer,
     RedisServerFactory,
+    ShardedCluster,
     ShardedClusterFactory,
 )
 from celery_redlock.testing.sharded import claim_cluster_port
@@ -604,8 +605,9 @@ def test_doctor_reports_a_cluster_named_as_one_node_and_counts_its_keys_on_every
         checks = node_checks(report, node["node"])
         assert node["cluster_shards"] == 3 and node["cluster_replicas"] == 3
         assert checks["role"]["status"] == "WARNING"
-        assert "a Redis Cluster of 3 shard(s) and 3 replica(s) as one lock node" in (
-            checks["role"]["message"]
+        assert (
+            "a Redis Cluster of 3 shard(s) and 3 replica(s) as one lock node"
+            in (checks["role"]["message"])
         )
         assert checks["permissions"]["status"] == "OK", checks["permissions"]
         assert node["lock_keys"] == 9  # on every shard, found under their tags
@@ -613,4 +615,42 @@ def test_doctor_reports_a_cluster_named_as_one_node_and_counts_its_keys_on_every
     finally:
         for lease in leases:
             assert lease is not None and lease.release()
+        lock.close()
+
+
+def stored_tasks(cluster: ShardedCluster) -> set[str]:
+    """The task lock keys the cluster's masters themselves hold (tagged names)."""
+    found: set[str] = set()
+    for master in cluster:
+        names: list[bytes] = master.client().keys("{redlock:task:*}")  # type: ignore[assignment]
+        found.update(name.decode() for name in names)
+    return found
+
+
+def test_ls_show_release_and_clear_read_a_cluster_node_by_the_names_the_lock_gives(
+    sharded_cluster_factory: ShardedClusterFactory,
+) -> None:
+    cluster = sharded_cluster_factory(3)
+    url = cluster.lock_url
+    lock = Redlock([url])
+    try:
+        held = [lock.acquire(f"redlock:task:{n}", ttl=60, holder=f"w{n}") for n in range(6)]
+        permit = Redlock([url]).acquire("redlock:api", ttl=60, limit=2, holder="p1")
+        assert all(held) and permit is not None
+        listing = invoke([url], "ls", "--json")
+        report = doc(listing.stdout)
+        assert sorted(k["key"] for k in report["keys"]) == [f"redlock:task:{n}" for n in range(6)]
+        assert [p["key"] for p in report["permits"]] == ["redlock:api"]
+        shown = invoke([url], "show", "redlock:api")
+        assert "limit 2" in shown.output and "p1" in shown.output, shown.output
+        token = held[0].token  # type: ignore[union-attr]
+        released = invoke([url], "release", "redlock:task:0", f"--token={token}")
+        assert released.exit_code == 0 and "deleted" in released.output, released.output
+        forced = invoke([url], "release", "redlock:task:1", "--force", "--yes")
+        assert forced.exit_code == 0 and "deleted (held by w1)" in forced.output, forced.output
+        # What the servers themselves hold (an observer apart from the lock):
+        assert stored_tasks(cluster) == {f"{{redlock:task:{n}}}" for n in range(2, 6)}
+        assert lock.clear("redlock:task:*") == 4
+        assert stored_tasks(cluster) == set()
+    finally:
         lock.close()
