@@ -20,7 +20,9 @@ from celery_redlock.asyncio import AsyncRedlock
 from celery_redlock.errors import ConfigurationError
 from celery_redlock.lock import scripts
 from celery_redlock.lock.permit_scripts import RELEASE_PERMIT
+from celery_redlock.lock.places import swap
 from celery_redlock.lock.stored import INTERNAL, fence_counter
+from celery_redlock.lock.waiters import CLAIM_LOST, CLAIM_WON, claim, pop_next, register
 from celery_redlock.testing import RedisNodes, RedisServer, ShardedCluster
 from celery_redlock.wire.cluster import (
     COMPANION,
@@ -178,6 +180,32 @@ def test_limits_holders_and_wakeups_work_on_a_cluster_node(cluster: ShardedClust
     woken = time.monotonic() - started
     assert c is not None and woken < 3  # woken by the release, not the 10 s TTL
     assert b.release() and c.release()
+
+
+def test_reentry_rates_hand_off_and_queue_places_keep_their_keys_in_one_slot(
+    cluster: ShardedCluster,
+) -> None:
+    """Every script with companions (holds set, rate slots and turns, waiter queue,
+    messages and claims, a queued place) on a cluster node: each would fail with
+    CROSSSLOT if one of its names escaped the key's tag."""
+    redlock = lock(cluster)
+    outer = redlock.acquire("re", reentrant=True)
+    inner = redlock.acquire("re", reentrant=True)
+    assert outer is not None and inner is not None
+    assert inner.release() and outer.release()
+    assert [redlock.admit("rated", "2/s") for _ in range(2)] == [0.0, 0.0]
+    assert redlock.admit("rated", "2/s") > 0  # the third start waits for the window
+    nodes = redlock.node_set
+    assert register(nodes, "ho", "w-1", 1, "message one", 30.0, 0.5) == 1
+    popped = pop_next(nodes, "ho", 0.5)
+    assert popped is not None and popped.message == "message one"
+    assert claim(nodes, 1, "ho", "w-1", "copy-a", 30.0, 0.5).verdict == CLAIM_WON
+    assert claim(nodes, 1, "ho", "w-1", "copy-b", 30.0, 0.5).verdict == CLAIM_LOST
+    assert swap(nodes, 1, "ho:queued", ["old"], "token|new", 30.0, 0.5)
+    for name in ("re", "rated", "ho", "ho:queued"):
+        shard = cluster.shard_of_slot(key_slot(name.encode()))
+        others = [cluster.master_of(i) for i in range(3) if i != shard]
+        assert not [k for m in others for k in keys_of(m) if k.startswith(f"{{{name}}}")]
 
 
 def test_a_lock_on_several_keys_is_refused_before_anything_is_sent() -> None:
