@@ -49,6 +49,8 @@ from .connection import Connection
 from .resp import Command, Plain
 
 __all__ = [
+    "ASKING",
+    "CLUSTER_SLOTS",
     "COMPANION",
     "SCHEMES",
     "ClusterSpec",
@@ -57,6 +59,7 @@ __all__ = [
     "is_cluster_url",
     "parse_cluster_url",
     "redirect_target",
+    "renamed",
     "slot_of",
     "tagged",
     "untagged",

@@ -16,12 +16,14 @@ lock or Celery.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Optional, cast
 
 import redis
 from redis import exceptions as rexc
 
 from .cluster import (
+    ASKING,
     ClusterSpec,
     SlotMap,
     ask_slot_map,
@@ -86,6 +88,30 @@ class ClusterNode(Node):
         """A ``MOVED`` reply: ``slot`` is served at ``where`` now."""
         if self._slots is not None:
             self._slots.owners[slot] = where
+
+    def follow(
+        self,
+        target: tuple[bool, int, str, int],
+        commands: Sequence[Command],
+        now: float,
+        owed_age: float,
+        budget: float,
+    ) -> Connection:
+        """A redirect (cluster.redirect_target): ``commands`` sent to the server it
+        names on an idle or new connection, an ``ASK`` prefixing each with ``ASKING``
+        (the map left as it is), a ``MOVED`` updating the map first. Raises
+        ``redis.ConnectionError``."""
+        asking, slot, host, port = target
+        if not asking:
+            self.moved(slot, (host, port))
+        conn = self.server((host, port)).checkout(True, now, owed_age, budget)
+        assert conn is not None  # connect=True
+        for command in commands:
+            sent = self.route(command)[0]
+            if asking:
+                conn.send_optional(ASKING.payload)
+            conn.send(sent.payload, sent, now)
+        return conn
 
     def server(self, where: tuple[str, int]) -> Node:
         """The plain node for one of the cluster's servers (made once, then kept)."""

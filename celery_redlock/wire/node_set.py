@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from ..errors import ConfigurationError
 from . import late_replies as finisher
 from . import unpatched
-from .cluster import ASKING, redirect_target
+from .cluster import redirect_target
 from .cluster_node import ClusterNode, make_node
 from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .node import Node
@@ -467,27 +467,14 @@ class NodeSet:
     def _redirect(
         self, driven: _Driven, i: int, target: tuple[bool, int, str, int], budget: float
     ) -> Optional[Connection]:
-        """Cluster node ``i`` answered ``MOVED`` or ``ASK`` (``target``, see
-        cluster.redirect_target): its unanswered commands sent to the server named, on
-        an idle or new connection (an ``ASK`` prefixed with ``ASKING``, the map left
-        as it is; a ``MOVED`` updates it), or None when that fails (the tally is told).
-        Once per node and round: a second redirect is the node's no."""
+        """Cluster node ``i`` answered ``MOVED`` or ``ASK`` (``target``): its unanswered
+        commands sent where it says (``ClusterNode.follow``), or None when that fails
+        (the tally is told). Once per node and round: a second redirect is a no."""
         node = self.nodes[i]
         assert isinstance(node, ClusterNode)
-        asking, slot, host, port = target
-        if not asking:
-            node.moved(slot, (host, port))
-        now = self._clock()
         try:
-            conn = node.server((host, port)).checkout(True, now, self._owed_age, budget)
-            assert conn is not None  # connect=True
-            for command in driven.unanswered(i):
-                command = self._as_sent(i, command)
-                if asking:
-                    conn.send_optional(ASKING.payload)
-                conn.send(command.payload, command, now)
+            return node.follow(target, driven.unanswered(i), self._clock(), self._owed_age, budget)
         except (rexc.RedisError, OSError) as exc:
             node.forget_address()
             driven.tally.failed(i, _as_redis_error(exc, node.address))
             return None
-        return conn
