@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 USAGE = (
-    "usage: python -m bench {locks,async,limits,profile,renewals,scale,tasks,wake} [options]"
+    "usage: python -m bench"
+    " {locks,async,cluster,limits,profile,renewals,scale,tasks,wake} [options]"
     "   (-h after the name for options)"
 )
 
@@ -23,6 +24,10 @@ def main(argv: list[str]) -> int:
         from .async_locks import main as run_async
 
         return run_async(rest)
+    if name == "cluster":
+        from .cluster import main as run_cluster
+
+        return run_cluster(rest)
     if name == "limits":
         from .limits import main as run_limits
 
