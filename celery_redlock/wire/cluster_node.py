@@ -118,7 +118,9 @@ class ClusterNode(Node):
         found = self._servers.get(where)
         if found is None:
             assert self.cluster is not None
-            found = self._servers[where] = Node(self.cluster.server_url(*where), self._index)
+            # setdefault: two threads meeting a new server keep one node for it.
+            made = Node(self.cluster.server_url(*where), self._index)
+            found = self._servers.setdefault(where, made)
         return found
 
     def _owner(self, slot: Optional[int], now: float, budget: float) -> Node:

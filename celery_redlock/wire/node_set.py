@@ -414,7 +414,8 @@ class NodeSet:
                 if redirect is not None:
                     poller.unregister(fd)
                     del by_fd[fd]
-                    self.nodes[i].checkin(conn, self._clock())  # in step: the reply was read
+                    if self.nodes[i].checkin(conn, self._clock()):  # the redirect was read
+                        finisher.note(self)  # it still owes older replies
                     conns[i] = moved_to  # None: the node failed (the tally was told)
                     if moved_to is not None:
                         by_fd[moved_to.fileno()] = i
