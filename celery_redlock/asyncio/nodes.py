@@ -23,12 +23,16 @@ command it undoes on the same connection, so a cancelled acquire keeps nothing.
 Node specs are read by node.py's ``Node`` through the synchronous ``NodeSet`` (the
 same URL checks, TLS contexts, handshakes and duplicate check); only their
 connections differ. Sentinel-managed masters (``sentinel://``) are refused: their
-address is asked of the Sentinels with blocking I/O. Must not import redlock.py or Celery.
+address is asked of the Sentinels with blocking I/O. A Redis Cluster node
+(``redis+cluster://``) is routed by cluster.py: its slot map asked on the loop, its
+commands renamed and sent to their slot's master, its redirects followed once per
+round. Must not import redlock.py or Celery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Callable, Optional, Sequence
 
@@ -36,11 +40,14 @@ from redis import exceptions as rexc
 
 from ..errors import ConfigurationError
 from ..lock.steps import Ask
+from ..wire.cluster import redirect_target
+from ..wire.cluster_node import ClusterNode
 from ..wire.connection import owed_age
 from ..wire.node import Node
 from ..wire.node_set import NodeSet
 from ..wire.resp import Command
 from ..wire.round import Round
+from .cluster import ClusterConnections
 from .connection import NodeConnection, Unwaited, Waiter
 
 __all__ = ["AsyncNodeSet"]
@@ -50,7 +57,10 @@ class _RoundWaiter:
     """One round in flight: the tally, fed by the connections' replies. One object
     for every node of the round: it sits in each node's queue of owed replies."""
 
-    __slots__ = ("active", "command", "count", "deadline", "heard", "sent", "tally", "wake")
+    __slots__ = (
+        "active", "command", "count", "deadline", "follow", "heard", "redirected", "routed",
+        "sent", "tally", "wake",
+    )  # fmt: skip
 
     handshake = False
 
@@ -63,16 +73,28 @@ class _RoundWaiter:
         self.deadline = 0.0  # on the event loop's clock
         self.heard = 0
         self.active = True  # False once the round stopped waiting: replies dropped
+        #: Cluster nodes' own commands (renamed) and redirects (cluster.py): None
+        #: when no node is a cluster.
+        self.routed: Optional[dict[int, Command]] = None
+        self.follow: Optional[Callable[[int, object, _RoundWaiter], bool]] = None
+        self.redirected: set[int] = set()
+
+    def _command(self, node: int) -> Command:
+        routed = self.routed
+        return self.command if routed is None else routed.get(node, self.command)
 
     def replied(self, conn: NodeConnection, reply: object) -> None:
         if not self.active:  # read and dropped; a NOSCRIPT still has to happen
             if isinstance(reply, rexc.NoScriptError):
-                conn.send(self.command.fallback(), Unwaited(self.command, self.sent))
+                command = self._command(conn.index)
+                conn.send(command.fallback(), Unwaited(command, self.sent))
             return
+        if self.follow is not None and self.follow(conn.index, reply, self):
+            return  # redirected: the reply comes from the server named
         tally = self.tally
         if tally.replied(conn.index, reply):  # NOSCRIPT: again as EVAL, still awaited
             if not conn.closed:
-                conn.send(self.command.fallback(), self)
+                conn.send(self._command(conn.index).fallback(), self)
                 return
             tally.failed(conn.index, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
         self.heard += 1
@@ -113,12 +135,13 @@ class AsyncNodeSet:
                     "unix://): use Redlock for sentinel:// nodes, or give the masters' "
                     "addresses"
                 )
-            if node.cluster is not None:
-                raise ConfigurationError(
-                    f"nodes[{index}]: {node.address!r} is a Redis Cluster; AsyncRedlock "
-                    "takes fixed addresses only (redis://, rediss://, unix://): use "
-                    "Redlock for redis+cluster:// nodes"
-                )
+        #: The cluster nodes' connections, per server (cluster.py); the others' below.
+        self._clusters = {
+            i: ClusterConnections(node, i, clock)
+            for i, node in enumerate(self.nodes)
+            if isinstance(node, ClusterNode)
+        }
+        self._plain = [i for i in range(len(self.nodes)) if i not in self._clusters]
         self._conns: list[Optional[NodeConnection]] = [None] * len(self.nodes)
         self._clock = clock
         self._owed_age = owed_age(0.0)
@@ -137,6 +160,8 @@ class AsyncNodeSet:
             if conn is not None:
                 conn.close()
             self._conns[i] = None
+        for cluster in self._clusters.values():
+            cluster.close()
 
     def _checkout(self, i: int, now: float, loop: asyncio.AbstractEventLoop) -> NodeConnection:
         conn = self._conns[i]
@@ -169,7 +194,7 @@ class AsyncNodeSet:
                 loop.call_soon(self._flush)
                 self._flush_due = True
         conns = self._conns
-        for i in range(len(conns)):
+        for i in self._plain:
             conn = conns[i]
             if conn is None or not conn.usable(now, self._owed_age, loop):
                 if not wait:
@@ -201,24 +226,34 @@ class AsyncNodeSet:
         now = self._clock()
         loop = asyncio.get_running_loop()
         self._write_all(command.payload, Unwaited(command, now), now, False, loop)
+        for cluster in self._clusters.values():
+            routed, slot = cluster.node.route(command)
+            with contextlib.suppress(rexc.RedisError):  # no map: nothing there to undo
+                cluster.send(routed, slot, Unwaited(routed, now), self._owed_age)
 
     async def round(self, ask: Ask) -> list[object]:
         """One round (see ``nodes.NodeSet.round`` for what ``ask`` means)."""
         count = len(self.nodes)
         tally = Round(count, ask.is_yes, ask.enough_yes, ask.enough_no, ask.settled)
+        routes = self._routes(ask.command) if self._clusters else {}  # may refuse
         if not ask.wait:
             self.send_only(ask.command)
             return tally.finish()
-        now = self._clock()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         if ask.timeout > self._timeout_seen:
             self._timeout_seen = ask.timeout
             self._owed_age = max(self._owed_age, owed_age(ask.timeout))
+        # A cluster node's slot map, asked first where unknown (half the deadline).
+        no_map = await self._find_maps(ask.timeout / 2) if self._clusters else {}
+        now = self._clock()
         waiter = _RoundWaiter(tally, ask.command, count, now)
-        loop = asyncio.get_running_loop()
         self._write_all(ask.command.payload, waiter, now, True, loop)
+        if self._clusters:
+            self._send_routed(routes, waiter, no_map)
         if not tally.decided and waiter.heard < count:
             wake = waiter.wake = loop.create_future()
-            waiter.deadline = loop.time() + ask.timeout
+            waiter.deadline = started + ask.timeout
             self._wait(waiter, loop)
             try:
                 await wake
@@ -232,7 +267,60 @@ class AsyncNodeSet:
         waiter.active = False
         if not tally.decided:
             tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
-        return tally.finish()
+        results = tally.finish()
+        for i, cluster in self._clusters.items():
+            if isinstance(results[i], (rexc.ConnectionError, rexc.TimeoutError)):
+                cluster.node.forget_address()  # a server gone or hung: ask again
+        return results
+
+    # -- cluster nodes (cluster.py) ----------------------------------------------------
+
+    def _routes(self, command: Command) -> dict[int, tuple[Command, Optional[int]]]:
+        """Each cluster node's command (renamed) and slot; ConfigurationError before
+        anything is sent when one cannot take it (keys in several slots)."""
+        return {i: cluster.node.route(command) for i, cluster in self._clusters.items()}
+
+    async def _find_maps(self, budget: float) -> dict[int, BaseException]:
+        """The slot maps not known yet, asked of every cluster at once; the error of
+        each cluster that gave none."""
+        missing = [c for c in self._clusters.values() if c.node.needs_discovery]
+        if not missing:
+            return {}
+        found = await asyncio.gather(
+            *(c.find_map(budget, self._owed_age) for c in missing), return_exceptions=True
+        )
+        return {c.index: e for c, e in zip(missing, found) if isinstance(e, BaseException)}
+
+    def _send_routed(
+        self,
+        routes: dict[int, tuple[Command, Optional[int]]],
+        waiter: _RoundWaiter,
+        no_map: dict[int, BaseException],
+    ) -> None:
+        waiter.routed = {i: command for i, (command, _) in routes.items()}
+        waiter.follow = self._follow
+        for i, cluster in self._clusters.items():
+            error = no_map.get(i)
+            if error is None:
+                command, slot = routes[i]
+                try:
+                    cluster.send(command, slot, waiter, self._owed_age)
+                except rexc.RedisError as exc:
+                    error = exc
+            if error is not None:
+                cluster.node.forget_address()
+                waiter.failed(i, error)
+
+    def _follow(self, node: int, reply: object, waiter: _RoundWaiter) -> bool:
+        """A cluster node's MOVED / ASK: followed once per round (True), the command
+        sent where it says; any other reply is the round's (False)."""
+        cluster = self._clusters.get(node)
+        target = redirect_target(reply) if cluster is not None else None
+        if cluster is None or target is None or node in waiter.redirected:
+            return False
+        waiter.redirected.add(node)
+        cluster.follow(target, waiter._command(node), waiter, self._owed_age)
+        return True
 
     _timeout_seen = -1.0
 

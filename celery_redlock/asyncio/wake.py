@@ -125,6 +125,9 @@ class AsyncWakeups:
         """A blocked acquire's subscriptions (its pauses); ``close`` it."""
         return AsyncListener(self, clock, sleep)
 
+    def node(self, i: int) -> Node:
+        return self._nodes[i]
+
     def checkout(self, i: int, now: float) -> AsyncSubscriber:
         """An idle subscriber of this event loop, or a new one (connecting)."""
         loop = asyncio.get_running_loop()
@@ -185,7 +188,7 @@ class AsyncListener:
             return
         if not self._started:
             self._started = True
-            await self._subscribe([wake_channel(k) for k in step.keys])
+            await self._subscribe(step.keys)
             if self._subs:
                 self._forget_heard()  # the next attempt comes after these
                 return  # attempt again now: a release before the subscription shows there
@@ -226,13 +229,14 @@ class AsyncListener:
         for i, sub in subs.items():
             self._wakeups.checkin(i, sub)
 
-    async def _subscribe(self, channels: list[bytes]) -> None:
+    async def _subscribe(self, keys: Sequence[str]) -> None:
         now = self._clock()
         for i in range(self._wakeups.node_count):
             sub = self._wakeups.checkout(i, now)
             sub.listener = self
+            node = self._wakeups.node(i)
             try:
-                sub.listen(channels)
+                sub.listen([wake_channel(node.renamed_name(key)) for key in keys])
             except rexc.ConnectionError:
                 sub.close()
                 continue

@@ -84,6 +84,17 @@ class ClusterNode(Node):
         """Ask the servers for the slot map again on the next round."""
         self._slots = None
 
+    def learn(self, slots: SlotMap) -> None:
+        """A slot map found by another driver (the asyncio one)."""
+        self._slots = slots
+
+    def owner_of(self, slot: Optional[int]) -> Optional[tuple[str, int]]:
+        """Where ``slot`` is served (any master for None); None while no map is known."""
+        slots = self._slots
+        if slots is None:
+            return None
+        return slots.owner(slot) if slot is not None else slots.masters[0]
+
     def moved(self, slot: int, where: tuple[str, int]) -> None:
         """A ``MOVED`` reply: ``slot`` is served at ``where`` now."""
         if self._slots is not None:

@@ -8,6 +8,7 @@ come last in the module or start their own cluster.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -135,9 +136,13 @@ def test_only_moved_and_ask_replies_are_redirects() -> None:
     assert redirect_target(b"MOVED 1 h:1") is None
 
 
-def test_async_redlock_refuses_a_cluster_node_by_name() -> None:
-    with pytest.raises(ConfigurationError, match="is a Redis Cluster; AsyncRedlock"):
-        AsyncRedlock(["redis+cluster://127.0.0.1:7000"])
+def test_async_redlock_refuses_a_lock_on_several_keys_on_a_cluster_node() -> None:
+    async def main() -> None:
+        redlock = AsyncRedlock(["redis+cluster://127.0.0.1:7000"])
+        with pytest.raises(ConfigurationError, match="several keys"):
+            await redlock.acquire(["a", "b"], blocking=False)
+
+    asyncio.run(main())
 
 
 # -- one cluster, one vote ------------------------------------------------------------------
@@ -395,6 +400,52 @@ def test_a_tls_cluster_is_reached_on_its_tls_ports_with_the_url_tls_options(
     }
     assert holding == {0, 1, 2}  # every master reached over TLS
     assert all(lease.extend() and lease.release() for lease in leases if lease is not None)
+
+    async def on_the_loop() -> None:
+        aio = AsyncRedlock([url], node_timeout=1.0)
+        lease = await aio.acquire("tls:aio", blocking=False)
+        assert lease is not None and await lease.release()
+        aio.close()
+
+    asyncio.run(on_the_loop())
     wrong_ca = url.replace(str(certs.ca), str(certs.other_ca))
     with pytest.raises(QuorumUnavailable, match="certificate verify failed"):
         Redlock([wrong_ca], node_timeout=1.0).acquire("tls:x", blocking=False)
+
+
+# -- the asyncio driver -------------------------------------------------------------------
+
+
+def test_async_redlock_routes_follows_redirects_and_is_woken_on_a_cluster_node(
+    cluster: ShardedCluster,
+) -> None:
+    async def main() -> None:
+        redlock = AsyncRedlock([cluster.lock_url], ttl=10.0, node_timeout=0.5)
+        other = AsyncRedlock([cluster.lock_url], ttl=10.0, node_timeout=0.5)
+        leases = [await redlock.acquire(f"aio:{n}", blocking=False) for n in range(9)]
+        assert all(leases)
+        assert await other.acquire("aio:0", blocking=False) is None
+        holding = {cluster.shard_of_slot(key_slot(f"aio:{n}".encode())) for n in range(9)}
+        assert holding == {0, 1, 2}
+        for n in range(9):
+            shard = cluster.shard_of_slot(key_slot(f"aio:{n}".encode()))
+            assert tagged(f"aio:{n}") in keys_of(cluster.master_of(shard))
+        # A slot moved behind the lock's back: MOVED, followed in the same round.
+        slot = key_slot(b"aio:0")
+        source = cluster.shard_of_slot(slot)
+        cluster.migrate_slot(slot, (source + 1) % 3)
+        assert leases[0] is not None and await leases[0].extend()
+        # A waiter is woken by the release, not the TTL.
+        held = leases[1]
+        assert held is not None
+        asyncio.get_running_loop().call_later(0.3, lambda: asyncio.ensure_future(held.release()))
+        started = time.monotonic()
+        woken = await other.acquire("aio:1", timeout=5)
+        assert woken is not None and time.monotonic() - started < 3
+        assert await woken.release()
+        for lease in [leases[0], *leases[2:]]:
+            assert lease is not None and await lease.release()
+        redlock.close()
+        other.close()
+
+    asyncio.run(main())
