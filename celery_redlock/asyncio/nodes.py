@@ -77,7 +77,7 @@ class _RoundWaiter:
         #: when no node is a cluster.
         self.routed: Optional[dict[int, Command]] = None
         self.follow: Optional[Callable[[int, object, _RoundWaiter], bool]] = None
-        self.redirected: set[int] = set()
+        self.redirected: Optional[set[int]] = None  # made at the first redirect
 
     def _command(self, node: int) -> Command:
         routed = self.routed
@@ -316,8 +316,12 @@ class AsyncNodeSet:
         sent where it says; any other reply is the round's (False)."""
         cluster = self._clusters.get(node)
         target = redirect_target(reply) if cluster is not None else None
-        if cluster is None or target is None or node in waiter.redirected:
+        if cluster is None or target is None:
             return False
+        if waiter.redirected is None:
+            waiter.redirected = set()
+        elif node in waiter.redirected:
+            return False  # a second redirect in one round: the node's no
         waiter.redirected.add(node)
         cluster.follow(target, waiter._command(node), waiter, self._owed_age)
         return True
