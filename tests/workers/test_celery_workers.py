@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import pytest
 from celery.result import AsyncResult
@@ -148,7 +148,15 @@ def contended_lines(workers: Sequence[Worker], task_id: Optional[str] = None) ->
     return [line for worker in workers for line in worker.lines(pattern)]
 
 
-def check_exclusive(stack: Stack, counter: str, results: Sequence[AsyncResult]) -> list[Interval]:
+class Observed(Protocol):
+    """A test's servers with an observer (a ``Stack``, or the cluster tests' own)."""
+
+    observer: Any
+
+
+def check_exclusive(
+    stack: Observed, counter: str, results: Sequence[AsyncResult]
+) -> list[Interval]:
     """Every task succeeded, ran once, alone: the observer's verdict on one key."""
     states = {r.id: r.state for r in results}
     assert [s for s in states.values() if s != "SUCCESS"] == [], states

@@ -28,8 +28,9 @@ from celery_redlock.testing import (
 from celery_redlock.wire.cluster import slot_of, tagged
 from tests.apps import workerapp
 from tests.support.appfixture import free_results
-from tests.support.observed import intervals, max_occupancy, overlaps, runs, starts
+from tests.support.observed import max_occupancy, starts
 from tests.support.workers import app_env, eventually, launch_workers, stop_workers, wait_all
+from tests.workers.test_celery_workers import check_exclusive
 
 pytestmark = pytest.mark.slow
 
@@ -81,17 +82,6 @@ def start(
 
 def shard_of(cluster: ShardedCluster, tag: str) -> int:
     return cluster.shard_of_slot(slot_of(tagged(workerapp.lock_key(tag))))
-
-
-def check_exclusive(stack: ClusterStack, counter: str, results: Sequence[AsyncResult]) -> None:
-    states = {r.id: r.state for r in results}
-    assert [s for s in states.values() if s != "SUCCESS"] == [], states
-    executions = runs(stack.observer, counter)
-    assert set(executions) == set(states)
-    assert [tid for tid, n in executions.items() if n != 1] == []
-    spans = intervals(stack.observer, counter)
-    assert overlaps(spans) == []
-    assert max_occupancy(stack.observer, counter) == 1
 
 
 class MidRun(threading.Thread):
