@@ -70,9 +70,22 @@ _serial_numbers = itertools.count(1)
 _serials_lock = threading.Lock()
 
 
+#: This OS thread's serial, when no greenlet module is loaded (the common case: no
+#: lock or weak dictionary per acquire). A thread-local dies with its thread, so a
+#: later thread with the same ident gets a serial of its own.
+_this_thread = threading.local()
+
+
 def _thread_serial() -> str:
     greenlet = sys.modules.get("greenlet")  # gevent/eventlet: each greenlet is one
-    current = greenlet.getcurrent() if greenlet is not None else threading.current_thread()
+    if greenlet is None:
+        try:
+            return _this_thread.serial  # type: ignore[no-any-return]
+        except AttributeError:
+            with _serials_lock:
+                _this_thread.serial = mine = f"thread #{next(_serial_numbers)}"
+            return mine
+    current = greenlet.getcurrent()
     with _serials_lock:
         serial = _serials.get(current)
         if serial is None:
@@ -102,6 +115,8 @@ class HeldLeases:
     def live(self, keys: Keys) -> Optional[LeaseState]:
         """A lease this execution won on one of ``keys`` that is still held, if any
         (a lease on several keys is found under each of them)."""
+        if not self._held:
+            return None  # nothing held through this lock: the usual case
         execution = self.execution()
         with self._lock:
             for key in keys:

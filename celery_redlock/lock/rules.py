@@ -429,7 +429,7 @@ class LockRules:
         """True when a quorum of ``results`` is yes; False when enough nodes answered
         no that a quorum of yes is impossible; otherwise the failures left it open:
         ``QuorumUnavailable``."""
-        yes = sum(1 for r in results if is_answer(r) and is_yes(r))
+        yes = len([r for r in results if is_answer(r) and is_yes(r)])
         if yes >= self.quorum:
             return True
         no = sum(1 for r in results if is_answer(r) and r is not NOT_AWAITED and not is_yes(r))

@@ -125,14 +125,17 @@ class Settings:
     ) -> AcquireArguments:
         """acquire's arguments, checked against these defaults."""
         keys = lock_keys(key)
-        if validate.flag("reentrant", reentrant) and len(keys) > 1:
+        # The defaults (checked when the settings were made) skip their checks.
+        if reentrant is not False and validate.flag("reentrant", reentrant) and len(keys) > 1:
             raise ConfigurationError(
                 f"reentrant=True takes one key, got key={list(keys)!r}: a lease on "
                 "several keys is not re-entered (take the set once)"
             )
-        lease_ttl = self.ttl if ttl is None else validate.seconds("ttl", ttl)
-        outlasts_a_round(lease_ttl, self.node_timeout)
-        limit = validate.wait_limit("timeout", timeout)
+        if ttl is None:
+            lease_ttl = self.ttl
+        else:
+            lease_ttl = outlasts_a_round(validate.seconds("ttl", ttl), self.node_timeout)
+        limit = None if timeout is None else validate.wait_limit("timeout", timeout)
         if not blocking and timeout is not None:
             raise ConfigurationError(
                 f"timeout={timeout!r} needs blocking=True (blocking=False makes one "

@@ -251,7 +251,7 @@ class Node:
                 conn = idle.pop()  # deque.pop / append are atomic: no lock needed
             except IndexError:
                 break
-            if self._moved(conn):
+            if self.sentinel is not None and self._moved(conn):
                 conn.close()
             elif not conn.expect and conn.state == READY:
                 return conn  # in step, nothing owed: the usual case
@@ -264,7 +264,7 @@ class Node:
     def checkin(self, conn: Connection, now: float) -> bool:
         """Take back a connection after a round: in step, or closed. True when it
         still owes replies (see ``finish_owed``)."""
-        if conn.park(now) and not self._moved(conn):
+        if conn.park(now) and (self.sentinel is None or not self._moved(conn)):
             self._idle.append(conn)
             return conn.owes
         conn.close()

@@ -314,11 +314,13 @@ class NodeSet:
         if self._discovering:
             order = sorted(order, key=lambda i: self.nodes[i].needs_discovery)
             to_find = sum(1 for node in self.nodes if node.needs_discovery)
+        discovering = self._discovering
         for i in order:
             node = self.nodes[i]
             try:
-                budget = max(0.0, now + timeout - self._clock())
-                if node.needs_discovery:
+                # Only a node that asks Sentinels or a cluster where to go spends it.
+                budget = max(0.0, now + timeout - self._clock()) if discovering else timeout
+                if to_find and node.needs_discovery:
                     budget /= to_find + 1  # and a share left for the replies
                     to_find -= 1
                 # A clean-up that must be delivered (an undo, wait=False) opens a
@@ -361,6 +363,7 @@ class NodeSet:
         """Read replies until decided (False) or the deadline passed (True)."""
         tally = driven.tally
         started = self._clock()
+        clustered = self.clustered
         redirected: set[int] = set()  # cluster nodes redirected this round (once each)
         poller = unpatched.poll()
         by_fd: dict[int, int] = {}
@@ -400,7 +403,7 @@ class NodeSet:
                 redirect: Optional[tuple[bool, int, str, int]] = None
                 moved_to: Optional[Connection] = None
                 for reply in replies:
-                    if routes[i].slot is not None and i not in redirected:
+                    if clustered and routes[i].slot is not None and i not in redirected:
                         redirect = redirect_target(reply)
                         if redirect is not None:
                             redirected.add(i)

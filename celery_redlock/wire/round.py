@@ -112,7 +112,8 @@ class Round:
             self.no += 1
             if self.no >= self._enough_no:
                 self.decided = True
-        self._settle()
+        if self._settled is not None:
+            self._settle()
         return False
 
     def _settle(self) -> None:
