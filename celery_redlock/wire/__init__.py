@@ -15,3 +15,7 @@
 May import: ``celery_redlock.errors`` only. Knows nothing of locks or Celery
 (``tests/ops/test_layout.py`` enforces it).
 """
+
+#: Whether this wire layer is the optional compiled build (setup.py,
+#: ``CELERY_REDLOCK_COMPILE=1``): its modules are then extension modules.
+COMPILED: bool = not __file__.endswith(".py")
