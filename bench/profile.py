@@ -1,34 +1,114 @@
-"""Where our acquire+release spends its time: ``python -m bench profile``.
+"""Where one lock operation spends its CPU, layer by layer: ``python -m bench profile``.
 
-Two views, on 5 fresh local redis-server masters:
+One operation is a non-blocking acquire + release of an uncontended key (ttl 10 s,
+node_timeout 50 ms), on 1 and on 5 local redis-server masters. Four rows per node
+count, each as user, system and wall µs per operation (``getrusage(RUSAGE_SELF)``
+around a timed loop, after a warm-up and a ``gc.collect()``: ``cpu_per_op``):
 
-1. CPU per operation (``getrusage``: user and system µs, and context switches) of our
-   Redlock on 5 and 1 nodes next to the bare-socket floors doing the same syscalls.
-   User CPU above the floor is Python work in celery_redlock; it does not depend on
-   how busy the machine is, unlike wall-clock latency.
-2. cProfile of our 5-node acquire+release, top functions by own time (cProfile
-   inflates pure-Python code several times over: read the ranking, not the µs).
+1. floor -- ``SET k v NX PX`` + ``DEL k`` on bare sockets (``bench.resp``: one
+   blocking socket for 1 node, 5 multiplexed waiting for 3 replies): the kernel, the
+   loopback and Redis, no client code.
+2. wire -- our two rounds alone: ``node_set.round`` with the acquire command, then
+   with the release command, both built once outside the loop. Replies are checked
+   (granted, released), so a broken row cannot look fast.
+3. lock layer -- the full ``acquire(key, blocking=False)`` + ``lease.release()`` on a
+   ``Redlock`` whose rounds are answered in memory (its node set's ``round`` returns a
+   yes from every node): everything but the wire. A CPU measurement only: nothing is
+   sent, so its wall time is its CPU time.
+4. full -- ``Redlock(urls, ttl=10, node_timeout=0.05)``: acquire + release on the
+   real nodes.
+
+Derived: each row's user µs over the floor's, and the split of the full row's user
+CPU: the wire's Python (wire - floor), the lock layer, and what neither explains
+(full - wire - lock layer). Only the client process's CPU is counted: the servers'
+is not. Linux splits a process's CPU time between user and system by sampling at its
+clock tick, while their sum is the exact run time: the tables show the sum too, and
+user alone wants long loops (``--quick`` figures are coarse).
+
+Rows 2-4 run in a worker subprocess (``python -m bench.profile --worker``), the floor
+in this one. Every row runs in turn, ``--rounds`` times (default 3), and the report
+gives the median of the rounds for each figure (every round is kept in the JSON), so
+drift on the machine hits all rows alike.
+
+``--against REV`` (a git revision of this repository) also measures rows 2-4 with the
+``celery_redlock`` package as of REV, on the same servers: ``git archive REV
+celery_redlock`` into a temporary directory put first on the worker's PYTHONPATH, so
+the worker imports REV's package and the working tree's ``bench``. The two sides'
+workers alternate, round after round; the report adds a before/after table and
+records REV's sha and ``git describe --always --dirty`` of the working tree.
+
+A full run writes ``bench/results/profile.{json,md}``; ``--quick`` saves nothing
+unless ``--out DIR`` is given. ``--cprofile`` prints instead the old view, cProfile
+of the 5-node acquire + release by own time (it inflates pure-Python code several
+times over: read the ranking, not the µs), and saves nothing::
+
+    python -m bench profile                       # ~30 s; bench/results/profile.{json,md}
+    python -m bench profile --against main        # the same, with a before/after table
+    python -m bench profile --quick --out /tmp/p  # a few seconds
+    python -m bench profile --cprofile --top 30
+
+Defaults: 10,000 timed operations per row and round after 300 untimed, 3 rounds.
+Nothing from celery_redlock is imported at module level, and the worker uses only
+what rows 2-4 name (``Redlock``, ``lock.commands``, ``lock.acquire_replies``): a
+revision that lacks one of them fails that row in the report, not the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
+import datetime
 import gc
-import io
-import pstats
+import json
+import os
 import resource
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from typing import Optional
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
 
-from celery_redlock.testing import RedisNodes
-
-from .contenders import OurRedlock
-from .locks import pick_redis_server
-from .resp import FloorCycle, FloorQuorum
 from .stats import Op
 
-__all__ = ["cpu_per_op", "main"]
+__all__ = ["FULL", "QUICK", "Plan", "cpu_per_op", "main", "run"]
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_COUNTS = (1, 5)
+#: The rows, in the order they run; the worker measures all but the floor.
+ROWS = ("floor", "wire", "lock_layer", "full")
+WORKER_ROWS = ROWS[1:]
+ROW_NAMES = {"floor": "floor", "wire": "wire", "lock_layer": "lock layer", "full": "full"}
+TTL = 10.0
+NODE_TIMEOUT = 0.05
+#: Figures of a row whose medians the report gives (``cpu_us``: user + system).
+FIGURES = (
+    "user_us", "system_us", "cpu_us", "wall_us", "voluntary_switches", "involuntary_switches",
+)  # fmt: skip
+WORKING_TREE = "working_tree"
+AGAINST = "against"
+#: Every round's figures of one row.
+Runs = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much one run does."""
+
+    #: Timed operations per row and round.
+    operations: int = 10000
+    #: Untimed operations before each row's timed loop.
+    warmup: int = 300
+    #: How many times every row runs; the report gives the median.
+    rounds: int = 3
+    ttl: float = TTL
+    node_timeout: float = NODE_TIMEOUT
+
+
+FULL = Plan()
+QUICK = Plan(operations=1000, warmup=100, rounds=2)
 
 
 def cpu_per_op(op: Op, operations: int, warmup: int = 300) -> dict[str, float]:
@@ -51,51 +131,458 @@ def cpu_per_op(op: Op, operations: int, warmup: int = 300) -> dict[str, float]:
     }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench profile", description=__doc__)
-    parser.add_argument("--operations", type=int, default=10000)
-    parser.add_argument("--top", type=int, default=25, help="functions shown by cProfile")
-    parser.add_argument("--redis-server", default=None)
-    args = parser.parse_args(argv)
-    binary = args.redis_server or pick_redis_server()
-    with RedisNodes(5, binary=binary) as cluster:
-        addresses = [(server.host, server.port) for server in cluster]
-        ours5 = OurRedlock(cluster.urls, ttl=10.0, node_timeout=0.05)
-        ours1 = OurRedlock(cluster.urls[:1], ttl=10.0, node_timeout=0.05)
-        value = b"x" * 27 + b"|host:1"
-        floor5 = FloorQuorum(addresses, "profile:floor5", value, 10000)
-        floor1 = FloorCycle(*addresses[0], "profile:floor1", value, 10000)
-        ops: dict[str, Op] = {
-            "celery-redlock, 5 nodes": ours5.op("profile:ours5"),
-            "floor, 5 nodes (quorum of 3)": floor5,
-            "celery-redlock, 1 node": ours1.op("profile:ours1"),
-            "floor, 1 node": floor1,
-        }
+def _checked_cpu(op: Op, failed: list[int], plan: Plan) -> dict[str, float]:
+    """``cpu_per_op`` of an op that counts the operations that did not do their job in
+    ``failed[0]``: more than 1 % of them is an error (a broken row must not look fast);
+    fewer is a loaded machine missing node_timeout now and then, and is reported."""
+    for _ in range(plan.warmup):
+        op()
+    failed[0] = 0
+    cpu = cpu_per_op(op, plan.operations, warmup=0)
+    if failed[0] > plan.operations // 100:
+        raise RuntimeError(f"{failed[0]} of {plan.operations} operations failed")
+    return {**cpu, "failed": failed[0]}
+
+
+# -- the worker: rows 2-4 with whichever celery_redlock comes first on sys.path -------
+
+
+def _wire_op(redlock: Any, key: str, failed: list[int]) -> Op:
+    from celery_redlock.lock.acquire_replies import is_granted
+    from celery_redlock.lock.commands import acquire_command, release_command
+
+    nodes = len(redlock.nodes)
+    need = nodes // 2 + 1
+    value = f"{secrets.token_hex(10)}|bench:profile"
+    acquire = acquire_command((key,), value, TTL, False)
+    release = release_command((key,), value, TTL)
+    round_ = redlock._nodes.round  # ``node_set`` today; older revisions lack the name
+
+    def is_released(reply: object) -> bool:
+        return reply == 1
+
+    def op() -> None:
+        granted = round_(acquire, NODE_TIMEOUT, is_granted, need, nodes - need + 1)
+        released = round_(release, NODE_TIMEOUT, is_released, need, deliver=True)
+        # Unfenced, a yes is the integer 1: list.count keeps the check off the figure.
+        if granted.count(1) < need or released.count(1) < need:
+            failed[0] += 1
+
+    return op
+
+
+def _lease_op(redlock: Any, key: str, failed: list[int]) -> Op:
+    from celery_redlock import QuorumUnavailable
+
+    acquire = redlock.acquire
+
+    def op() -> None:
         try:
-            print(f"CPU per acquire+release ({args.operations} operations each)\n")
-            print(f"{'':32} {'wall µs':>8} {'user µs':>8} {'sys µs':>8} {'vol sw':>7} {'invol':>6}")
-            for name, op in ops.items():
-                cpu = cpu_per_op(op, args.operations)
-                print(
-                    f"{name:32} {cpu['wall_us']:8.1f} {cpu['user_us']:8.1f} "
-                    f"{cpu['system_us']:8.1f} {cpu['voluntary_switches']:7.2f} "
-                    f"{cpu['involuntary_switches']:6.2f}"
+            lease = acquire(key, blocking=False)
+            # ``is False``: an older revision's release() returned None.
+            if lease is None or lease.release() is False:
+                failed[0] += 1
+        except QuorumUnavailable:  # a loaded machine missed node_timeout
+            failed[0] += 1
+
+    return op
+
+
+def _in_memory_op(redlock: Any, key: str, failed: list[int]) -> Op:
+    """``_lease_op`` on ``redlock`` with every round answered yes by every node in
+    memory: nothing is sent. Checked once first: an acquire + release that does not
+    go through ``_nodes.round`` twice (another revision's) would measure something
+    else."""
+    nodes = len(redlock.nodes)
+    asked: list[object] = []
+
+    def answered(*args: object, **kwargs: object) -> list[object]:
+        return [1] * nodes
+
+    def answered_and_noted(*args: object, **kwargs: object) -> list[object]:
+        asked.append(args[0])
+        return [1] * nodes
+
+    redlock._nodes.round = answered_and_noted
+    op = _lease_op(redlock, key, failed)
+    op()
+    if len(asked) != 2 or failed[0]:
+        raise RuntimeError(
+            f"acquire + release asked {len(asked)} round(s) of _nodes.round, failed {failed[0]}"
+        )
+    redlock._nodes.round = answered
+    return op
+
+
+def _rows_on(urls: list[str], plan: Plan, prefix: str) -> dict[str, dict[str, Any]]:
+    """One round of rows 2-4 on the nodes ``urls``; a row that failed is
+    ``{"error": ...}`` (a revision may lack what a row uses)."""
+    from celery_redlock import Redlock
+
+    n = len(urls)
+    real = Redlock(urls, ttl=plan.ttl, node_timeout=plan.node_timeout)
+    in_memory = Redlock(urls, ttl=plan.ttl, node_timeout=plan.node_timeout)
+    makers: dict[str, Callable[[list[int]], Op]] = {
+        "wire": lambda failed: _wire_op(real, f"{prefix}:wire:{n}", failed),
+        "lock_layer": lambda failed: _in_memory_op(in_memory, f"{prefix}:lock:{n}", failed),
+        "full": lambda failed: _lease_op(real, f"{prefix}:full:{n}", failed),
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        for row, make in makers.items():
+            failed = [0]
+            try:
+                rows[row] = _checked_cpu(make(failed), failed, plan)
+            except Exception as error:
+                rows[row] = {"error": f"{type(error).__name__}: {error}"}
+    finally:
+        real.close()
+        in_memory.close()
+    return rows
+
+
+def _worker(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile --worker")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--urls", required=True, help="the 5 nodes, comma-separated")
+    parser.add_argument("--operations", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    args = parser.parse_args(argv)
+    import celery_redlock
+
+    plan = replace(FULL, operations=args.operations, warmup=args.warmup)
+    urls, prefix = args.urls.split(","), f"bench:profile:{secrets.token_hex(4)}"
+    rows = {str(n): _rows_on(urls[:n], plan, prefix) for n in NODE_COUNTS}
+    print(json.dumps({"celery_redlock": celery_redlock.__file__, "rows": rows}))
+    return 0
+
+
+# -- the run --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """One celery_redlock the worker runs: the directory that holds it."""
+
+    name: str
+    path: Path
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _export(rev: str, into: Path) -> str:
+    """``celery_redlock`` as of ``rev`` into ``into``; the commit's full sha."""
+    sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    archive = into / "celery_redlock.tar"
+    _git("archive", "--output", str(archive), sha, "celery_redlock")
+    subprocess.run(["tar", "-x", "-f", str(archive), "-C", str(into)], check=True)
+    archive.unlink()
+    return sha
+
+
+def _run_worker(side: Side, urls: list[str], plan: Plan) -> dict[str, Any]:
+    """One round of rows 2-4 in a fresh interpreter whose ``celery_redlock`` is
+    ``side``'s (its directory first on the path and the working directory, which
+    ``-m`` puts first) and whose ``bench`` is the working tree's."""
+    pythonpath = os.pathsep.join(dict.fromkeys([str(side.path), str(ROOT)]))
+    command = [
+        sys.executable, "-m", "bench.profile", "--worker", "--urls", ",".join(urls),
+        "--operations", str(plan.operations), "--warmup", str(plan.warmup),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    done = subprocess.run(
+        command, cwd=side.path, env=env, capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the {side.name} worker failed:\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    if not Path(result["celery_redlock"]).resolve().is_relative_to(side.path.resolve()):
+        raise RuntimeError(f"the {side.name} worker imported {result['celery_redlock']}")
+    for n, rows in result["rows"].items():
+        for row, figures in rows.items():
+            if side.name == WORKING_TREE and "error" in figures:
+                raise RuntimeError(f"{ROW_NAMES[row]}, {n} node(s): {figures['error']}")
+    return result
+
+
+def _median(runs: Runs) -> dict[str, Any]:
+    """A row's figures, each the median of its rounds; the rounds themselves under
+    ``runs``."""
+    errors = [run["error"] for run in runs if "error" in run]
+    if errors:
+        return {"error": errors[0], "runs": runs}
+    runs = [{**run, "cpu_us": run["user_us"] + run["system_us"]} for run in runs]
+    row: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 2) for k in FIGURES}
+    row["failed"] = sum(run.get("failed", 0) for run in runs)
+    row["runs"] = [{k: round(v, 2) for k, v in run.items()} for run in runs]
+    return row
+
+
+def _split(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Where the full row's user µs go: the floor, the wire's Python, the lock layer."""
+    if any("error" in figures for figures in rows.values()):
+        return {}
+    user: dict[str, float] = {row: figures["user_us"] for row, figures in rows.items()}
+    return {
+        "floor_us": user["floor"],
+        "wire_python_us": round(user["wire"] - user["floor"], 2),
+        "lock_layer_us": user["lock_layer"],
+        "full_us": user["full"],
+        "unexplained_us": round(user["full"] - user["wire"] - user["lock_layer"], 2),
+    }
+
+
+def _measure(
+    sides: list[Side],
+    urls: list[str],
+    floors: dict[int, Op],
+    plan: Plan,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Runs], dict[str, dict[str, dict[str, Runs]]]]:
+    """Every row in turn, ``plan.rounds`` times: the floor's runs by node count, and
+    each side's by node count and row."""
+    floor_runs: dict[str, Runs] = {str(n): [] for n in NODE_COUNTS}
+    side_runs: dict[str, dict[str, dict[str, Runs]]] = {
+        side.name: {str(n): {row: [] for row in WORKER_ROWS} for n in NODE_COUNTS} for side in sides
+    }
+    for round_ in range(plan.rounds):
+        for n, floor in floors.items():
+            floor_runs[str(n)].append(cpu_per_op(floor, plan.operations, plan.warmup))
+        for side in sides if round_ % 2 == 0 else sides[::-1]:
+            result = _run_worker(side, urls, plan)
+            for n, rows in result["rows"].items():
+                for row, figures in rows.items():
+                    side_runs[side.name][n][row].append(figures)
+            log(f"  round {round_ + 1}: {side.name} done")
+    return floor_runs, side_runs
+
+
+def run(
+    plan: Plan, binary: str, against: Optional[str], log: Callable[[str], None]
+) -> tuple[dict[str, Any], str]:
+    from celery_redlock.testing import RedisNodes
+
+    from .machine import machine_info
+    from .resp import FloorCycle, FloorQuorum
+
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "bench": "profile",
+        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(binary),
+        "plan": asdict(plan),
+        "working_tree": {"describe": _git("describe", "--always", "--dirty")},
+        "against": None,
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+        sides = [Side(WORKING_TREE, ROOT)]
+        if against is not None:
+            sha = _export(against, Path(tmp))
+            report["against"] = {"rev": against, "sha": sha}
+            sides.append(Side(AGAINST, Path(tmp)))
+        with RedisNodes(5, binary=binary) as cluster:
+            addresses = [(server.host, server.port) for server in cluster]
+            value = f"{secrets.token_hex(10)}|bench:profile".encode()
+            ttl_ms = int(plan.ttl * 1000)
+            floor1 = FloorCycle(*addresses[0], "bench:profile:floor:1", value, ttl_ms)
+            floor5 = FloorQuorum(addresses, "bench:profile:floor:5", value, ttl_ms)
+            try:
+                floor_runs, side_runs = _measure(
+                    sides, cluster.urls, {1: floor1, 5: floor5}, plan, log
                 )
+            finally:
+                floor1.close()
+                floor5.close()
+    report["sides"] = {}
+    report["split"] = {}
+    for name, by_nodes in side_runs.items():
+        report["sides"][name], report["split"][name] = {}, {}
+        for n, rows in by_nodes.items():
+            medians = {"floor": _median(floor_runs[n])}
+            medians.update({row: _median(runs) for row, runs in rows.items()})
+            floor = medians["floor"]
+            for figures in medians.values():
+                for figure in ("user_us", "cpu_us"):
+                    if figure in figures and floor[figure] > 0:
+                        over = figures[figure] / floor[figure]
+                        figures[figure.replace("_us", "_over_floor")] = round(over, 2)
+            report["sides"][name][n] = medians
+            report["split"][name][n] = _split(medians)
+    report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["duration_s"] = round(time.monotonic() - started, 1)
+    return report, render_markdown(report)
+
+
+# -- the report -----------------------------------------------------------------------
+
+
+def _us(figures: dict[str, Any], key: str = "user_us") -> str:
+    return "error" if "error" in figures else f"{figures[key]:,.1f}"
+
+
+def _ratio(figures: dict[str, Any], key: str) -> str:
+    return f"{figures[key]:.2f}" if key in figures else "n/a"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    machine, plan, against = report["machine"], report["plan"], report["against"]
+    ours = report["sides"][WORKING_TREE]
+    lines = [
+        f"`python -m bench profile`, {report['started_at']}: {machine['cpu']}, "
+        f"{machine['cpus']} CPUs, {machine['python']}, redis-server "
+        f"{machine['redis_server']['version']} on loopback; celery-redlock "
+        f"{report['working_tree']['describe']}. One operation: non-blocking acquire + "
+        f"release of an uncontended key, ttl {plan['ttl']:g} s, node_timeout "
+        f"{plan['node_timeout'] * 1000:g} ms. CPU of the client process only "
+        f"(`getrusage`), µs per operation; {plan['operations']} operations per row after "
+        f"{plan['warmup']} untimed, every row in turn, median of {plan['rounds']} rounds. "
+        f"Load average {machine['loadavg_at_start'][0]} at the start, "
+        f"{report['loadavg_at_end'][0]} at the end; took {report['duration_s']} s.",
+        "",
+        "| row | nodes | user µs | system µs | user + system µs | wall µs | user ÷ floor "
+        "| user + system ÷ floor | failed |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for n, rows in ours.items():
+        for row, figures in rows.items():
+            lines.append(
+                f"| {ROW_NAMES[row]} | {n} | {figures['user_us']:,.1f} | "
+                f"{figures['system_us']:,.1f} | {figures['cpu_us']:,.1f} | "
+                f"{figures['wall_us']:,.1f} | {_ratio(figures, 'user_over_floor')} | "
+                f"{_ratio(figures, 'cpu_over_floor')} | {figures['failed']} |"
+            )
+    lines += [
+        "",
+        "The kernel splits a process's CPU time between user and system by sampling at "
+        "its clock tick, while their sum is exact: on short loops the split is coarse "
+        "(a row of the floor may show 0 user µs), user + system is not.",
+    ]
+    lines += [
+        "",
+        "Where the full row's user µs go: the floor, the wire's Python (wire - floor), the "
+        "lock layer (rounds answered in memory), and what neither explains "
+        "(full - wire - lock layer).",
+        "",
+        "| nodes | floor | wire's Python | lock layer | full | unexplained |",
+        "|--:|--:|--:|--:|--:|--:|",
+    ]
+    for n, split in report["split"][WORKING_TREE].items():
+        lines.append(
+            f"| {n} | {split['floor_us']:,.1f} | {split['wire_python_us']:,.1f} | "
+            f"{split['lock_layer_us']:,.1f} | {split['full_us']:,.1f} | "
+            f"{split['unexplained_us']:,.1f} |"
+        )
+    if against is not None:
+        theirs, short = report["sides"][AGAINST], against["sha"][:10]
+        lines += [
+            "",
+            f"Before/after, user µs: celery_redlock as of `{against['rev']}` ({short}) and the "
+            f"working tree ({report['working_tree']['describe']}), each in its own worker "
+            "process, alternating round after round on the same servers.",
+            "",
+            f"| row | nodes | {short} user µs | working tree user µs | working tree ÷ {short} |",
+            "|---|--:|--:|--:|--:|",
+        ]
+        for n, rows in ours.items():
+            for row in WORKER_ROWS:
+                before, after = theirs[n][row], rows[row]
+                ratio = (
+                    f"{after['user_us'] / before['user_us']:.2f}"
+                    if "error" not in before and before["user_us"] > 0
+                    else "n/a"
+                )
+                lines.append(f"| {ROW_NAMES[row]} | {n} | {_us(before)} | {_us(after)} | {ratio} |")
+        errors = [
+            f"{ROW_NAMES[row]}, {n} node(s): {figures['error']}"
+            for n, rows in theirs.items()
+            for row, figures in rows.items()
+            if "error" in figures
+        ]
+        if errors:
+            lines += ["", f"Failed as of {short}: " + "; ".join(errors) + "."]
+    return "\n".join(lines) + "\n"
+
+
+# -- cProfile -------------------------------------------------------------------------
+
+
+def _cprofile(binary: str, operations: int, top: int) -> None:
+    """Print cProfile of the working tree's 5-node acquire + release, by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from celery_redlock import Redlock
+    from celery_redlock.testing import RedisNodes
+
+    with RedisNodes(5, binary=binary) as cluster:
+        redlock = Redlock(cluster.urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
+        failed = [0]
+        op = _lease_op(redlock, "bench:profile:cprofile", failed)
+        try:
+            for _ in range(300):
+                op()
             profiler = cProfile.Profile()
-            op = ops["celery-redlock, 5 nodes"]
             gc.collect()
             profiler.enable()
-            for _ in range(args.operations):
+            for _ in range(operations):
                 op()
             profiler.disable()
-            out = io.StringIO()
-            stats = pstats.Stats(profiler, stream=out)
-            stats.sort_stats("tottime").print_stats(args.top)
-            print(f"\ncProfile, celery-redlock 5 nodes, {args.operations} operations\n")
-            print(out.getvalue().split("\n\n", 1)[-1].rstrip())
         finally:
-            floor5.close()
-            floor1.close()
-            ours5.close()
-            ours1.close()
+            redlock.close()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    print(f"cProfile, celery-redlock 5 nodes, {operations} operations ({failed[0]} failed)\n")
+    print(out.getvalue().split("\n\n", 1)[-1].rstrip())
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--worker" in argv:
+        return _worker(argv)
+    from .machine import RESULTS_DIR, _write, pick_redis_server
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench profile", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="short run; saves nothing")
+    parser.add_argument("--operations", type=int, help="timed operations per row and round")
+    parser.add_argument("--warmup", type=int, help="untimed operations before each row")
+    parser.add_argument("--rounds", type=int, help="rounds of every row (median of them)")
+    parser.add_argument("--against", metavar="REV", help="also measure celery_redlock at REV")
+    parser.add_argument("--out", type=Path, help="where profile.json and .md go")
+    parser.add_argument(
+        "--redis-server", default=None, help="redis-server binary (default: the newest)"
+    )
+    parser.add_argument(
+        "--cprofile", action="store_true", help="print cProfile of the 5-node operation instead"
+    )
+    parser.add_argument("--top", type=int, default=25, help="functions shown by --cprofile")
+    args = parser.parse_args(argv)
+    given = {"operations": args.operations, "warmup": args.warmup, "rounds": args.rounds}
+    plan = replace(QUICK if args.quick else FULL, **{k: v for k, v in given.items() if v})
+    binary = args.redis_server or pick_redis_server()
+    if args.cprofile:
+        _cprofile(binary, plan.operations, args.top)
+        return 0
+    out = args.out if args.out is not None or args.quick else RESULTS_DIR
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    report, markdown = run(plan, binary, args.against, log)
+    print(markdown)
+    log(f"done in {report['duration_s']} s")
+    if out is not None:
+        _write(out / "profile.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        _write(out / "profile.md", markdown)
+        log(f"saved {out / 'profile.json'} and {out / 'profile.md'}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
