@@ -5,7 +5,7 @@ Run from the repository root (the bench starts and stops its own servers)::
 
     python -m bench locks            # full run, ~1 minute; writes bench/results/locks.{json,md}
     python -m bench locks --quick    # smoke run with few iterations (results not saved)
-    python -m bench profile          # cProfile of our acquire+release, top functions
+    python -m bench profile          # CPU per acquire+release by layer (floor, wire, lock, full)
     python -m bench renewals         # watchdog CPU vs leases held, leases lost far away
     python -m bench scale            # scale tables and figure (nodes, threads, leases, hot key)
     python -m bench wake             # a blocked acquire woken by the release, vs peers

@@ -30,6 +30,9 @@ in this one. Every row runs in turn, ``--rounds`` times (default 3), and the rep
 gives the median of the rounds for each figure (every round is kept in the JSON), so
 drift on the machine hits all rows alike.
 
+``--compiled`` adds a side: the working tree with its wire layer compiled by mypyc
+(setup.py, ``CELERY_REDLOCK_COMPILE=1``, built in place in a temporary copy).
+
 ``--against REV`` (a git revision of this repository) also measures rows 2-4 with the
 ``celery_redlock`` package as of REV, on the same servers: ``git archive REV
 celery_redlock`` into a temporary directory put first on the worker's PYTHONPATH, so
@@ -62,6 +65,7 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +93,9 @@ FIGURES = (
 )  # fmt: skip
 WORKING_TREE = "working_tree"
 AGAINST = "against"
+COMPILED = "compiled"
+#: How the report names each side.
+SIDE_NAMES = {WORKING_TREE: "working tree", AGAINST: "as of REV", COMPILED: "compiled"}
 #: Every round's figures of one row.
 Runs = list[dict[str, Any]]
 
@@ -188,29 +195,40 @@ def _lease_op(redlock: Any, key: str, failed: list[int]) -> Op:
     return op
 
 
+class _Answering:
+    """A node set whose rounds every node answers yes, in memory (``round``); the rest
+    is the real node set's. Stands in for the lock's node set as a whole: a compiled
+    node set's methods cannot be replaced on the instance."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._yes = [1] * len(real.nodes)
+        self.asked: Optional[list[object]] = []
+
+    def round(self, command: object, *args: object, **kwargs: object) -> list[object]:
+        if self.asked is not None:
+            self.asked.append(command)
+        return list(self._yes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 def _in_memory_op(redlock: Any, key: str, failed: list[int]) -> Op:
     """``_lease_op`` on ``redlock`` with every round answered yes by every node in
     memory: nothing is sent. Checked once first: an acquire + release that does not
     go through ``_nodes.round`` twice (another revision's) would measure something
     else."""
-    nodes = len(redlock.nodes)
-    asked: list[object] = []
-
-    def answered(*args: object, **kwargs: object) -> list[object]:
-        return [1] * nodes
-
-    def answered_and_noted(*args: object, **kwargs: object) -> list[object]:
-        asked.append(args[0])
-        return [1] * nodes
-
-    redlock._nodes.round = answered_and_noted
+    answering = _Answering(redlock._nodes)
+    redlock._nodes = answering
     op = _lease_op(redlock, key, failed)
     op()
+    asked = answering.asked or []
     if len(asked) != 2 or failed[0]:
         raise RuntimeError(
             f"acquire + release asked {len(asked)} round(s) of _nodes.round, failed {failed[0]}"
         )
-    redlock._nodes.round = answered
+    answering.asked = None
     return op
 
 
@@ -253,7 +271,12 @@ def _worker(argv: list[str]) -> int:
     plan = replace(FULL, operations=args.operations, warmup=args.warmup)
     urls, prefix = args.urls.split(","), f"bench:profile:{secrets.token_hex(4)}"
     rows = {str(n): _rows_on(urls[:n], plan, prefix) for n in NODE_COUNTS}
-    print(json.dumps({"celery_redlock": celery_redlock.__file__, "rows": rows}))
+    from celery_redlock import wire
+
+    compiled = bool(getattr(wire, "COMPILED", False))
+    print(
+        json.dumps({"celery_redlock": celery_redlock.__file__, "compiled": compiled, "rows": rows})
+    )
     return 0
 
 
@@ -302,11 +325,32 @@ def _run_worker(side: Side, urls: list[str], plan: Plan) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(done.stdout)
     if not Path(result["celery_redlock"]).resolve().is_relative_to(side.path.resolve()):
         raise RuntimeError(f"the {side.name} worker imported {result['celery_redlock']}")
+    if result.get("compiled", False) != (side.name == COMPILED):
+        raise RuntimeError(f"the {side.name} worker's wire.COMPILED is {result.get('compiled')}")
     for n, rows in result["rows"].items():
         for row, figures in rows.items():
             if side.name == WORKING_TREE and "error" in figures:
                 raise RuntimeError(f"{ROW_NAMES[row]}, {n} node(s): {figures['error']}")
     return result
+
+
+def _compile(into: Path) -> Path:
+    """The working tree's package with its wire layer compiled (setup.py,
+    ``CELERY_REDLOCK_COMPILE=1``, built in place in a copy under ``into``)."""
+    build = into / COMPILED
+    build.mkdir()
+    shutil.copytree(ROOT / "celery_redlock", build / "celery_redlock",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))  # fmt: skip
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, build / name)
+    env = {**os.environ, "CELERY_REDLOCK_COMPILE": "1"}
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=build, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the compiled build failed:\n{done.stderr[-4000:]}")
+    return build
 
 
 def _median(runs: Runs) -> dict[str, Any]:
@@ -362,7 +406,11 @@ def _measure(
 
 
 def run(
-    plan: Plan, binary: str, against: Optional[str], log: Callable[[str], None]
+    plan: Plan,
+    binary: str,
+    against: Optional[str],
+    log: Callable[[str], None],
+    compiled: bool = False,
 ) -> tuple[dict[str, Any], str]:
     from celery_redlock.testing import RedisNodes
 
@@ -384,6 +432,10 @@ def run(
             sha = _export(against, Path(tmp))
             report["against"] = {"rev": against, "sha": sha}
             sides.append(Side(AGAINST, Path(tmp)))
+        if compiled:
+            log("building the compiled wire layer (mypyc) ...")
+            sides.append(Side(COMPILED, _compile(Path(tmp))))
+        report["compiled"] = compiled
         with RedisNodes(5, binary=binary) as cluster:
             addresses = [(server.host, server.port) for server in cluster]
             value = f"{secrets.token_hex(10)}|bench:profile".encode()
@@ -429,7 +481,7 @@ def _ratio(figures: dict[str, Any], key: str) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    machine, plan, against = report["machine"], report["plan"], report["against"]
+    machine, plan = report["machine"], report["plan"]
     ours = report["sides"][WORKING_TREE]
     lines = [
         f"`python -m bench profile`, {report['started_at']}: {machine['cpu']}, "
@@ -476,35 +528,65 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{split['lock_layer_us']:,.1f} | {split['full_us']:,.1f} | "
             f"{split['unexplained_us']:,.1f} |"
         )
-    if against is not None:
-        theirs, short = report["sides"][AGAINST], against["sha"][:10]
-        lines += [
-            "",
-            f"Before/after, user µs: celery_redlock as of `{against['rev']}` ({short}) and the "
-            f"working tree ({report['working_tree']['describe']}), each in its own worker "
-            "process, alternating round after round on the same servers.",
-            "",
-            f"| row | nodes | {short} user µs | working tree user µs | working tree ÷ {short} |",
-            "|---|--:|--:|--:|--:|",
-        ]
-        for n, rows in ours.items():
-            for row in WORKER_ROWS:
-                before, after = theirs[n][row], rows[row]
-                ratio = (
-                    f"{after['user_us'] / before['user_us']:.2f}"
-                    if "error" not in before and before["user_us"] > 0
-                    else "n/a"
-                )
-                lines.append(f"| {ROW_NAMES[row]} | {n} | {_us(before)} | {_us(after)} | {ratio} |")
-        errors = [
-            f"{ROW_NAMES[row]}, {n} node(s): {figures['error']}"
-            for n, rows in theirs.items()
-            for row, figures in rows.items()
-            if "error" in figures
-        ]
-        if errors:
-            lines += ["", f"Failed as of {short}: " + "; ".join(errors) + "."]
+    others = [name for name in (AGAINST, COMPILED) if name in report["sides"]]
+    if others:
+        lines += _sides_table(report, others)
     return "\n".join(lines) + "\n"
+
+
+def _sides_table(report: dict[str, Any], others: list[str]) -> list[str]:
+    """User µs of rows 2-4 on each side, and each side over the first one: the
+    revision ``--against`` names (before), else the working tree."""
+    against = report["against"]
+    names = dict(SIDE_NAMES)
+    if against is not None:
+        names[AGAINST] = f"`{against['rev']}`"
+    order = [AGAINST, WORKING_TREE, COMPILED] if AGAINST in others else [WORKING_TREE, COMPILED]
+    order = [name for name in order if name in report["sides"]]
+    base = order[0]
+    sides = ", ".join(names[name] for name in order)
+    if against is not None:
+        sides += f"; `{against['rev']}` is {against['sha'][:10]}"
+    lines = [
+        "",
+        f"User µs by build ({sides}), each in its own worker process, alternating round "
+        "after round on the same servers; compiled: the working tree with its wire layer "
+        "compiled by mypyc (setup.py, `CELERY_REDLOCK_COMPILE=1`).",
+        "",
+        "| row | nodes | "
+        + " | ".join(names[name] for name in order)
+        + " | "
+        + " | ".join(f"{names[name]} ÷ {names[base]}" for name in order[1:])
+        + " |",
+        "|---|--:|" + "--:|" * (2 * len(order) - 1),
+    ]
+    for n in report["sides"][WORKING_TREE]:
+        for row in WORKER_ROWS:
+            figures = [report["sides"][name][n][row] for name in order]
+            first = figures[0]
+            ratios = [
+                f"{other['user_us'] / first['user_us']:.2f}"
+                if "error" not in first and "error" not in other and first["user_us"] > 0
+                else "n/a"
+                for other in figures[1:]
+            ]
+            lines.append(
+                f"| {ROW_NAMES[row]} | {n} | "
+                + " | ".join(_us(f) for f in figures)
+                + " | "
+                + " | ".join(ratios)
+                + " |"
+            )
+    errors = [
+        f"{names[name]}, {ROW_NAMES[row]}, {n} node(s): {figures['error']}"
+        for name in order
+        for n, rows in report["sides"][name].items()
+        for row, figures in rows.items()
+        if "error" in figures
+    ]
+    if errors:
+        lines += ["", "Failed: " + "; ".join(errors) + "."]
+    return lines
 
 
 # -- cProfile -------------------------------------------------------------------------
@@ -554,6 +636,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--warmup", type=int, help="untimed operations before each row")
     parser.add_argument("--rounds", type=int, help="rounds of every row (median of them)")
     parser.add_argument("--against", metavar="REV", help="also measure celery_redlock at REV")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also measure the working tree with its wire layer compiled (mypy, a C compiler)",
+    )
     parser.add_argument("--out", type=Path, help="where profile.json and .md go")
     parser.add_argument(
         "--redis-server", default=None, help="redis-server binary (default: the newest)"
@@ -574,7 +661,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report, markdown = run(plan, binary, args.against, log)
+    report, markdown = run(plan, binary, args.against, log, compiled=args.compiled)
     print(markdown)
     log(f"done in {report['duration_s']} s")
     if out is not None:

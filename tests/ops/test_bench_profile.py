@@ -51,4 +51,6 @@ def test_bench_profile_measures_every_layer_on_both_sides_and_saves_its_report(
     assert "| row | nodes | user µs | system µs |" in markdown
     assert "| lock layer | 5 |" in markdown
     assert "| nodes | floor | wire's Python | lock layer | full | unexplained |" in markdown
-    assert f"| row | nodes | {head[:10]} user µs | working tree user µs |" in markdown
+    assert "| row | nodes | `HEAD` | working tree | working tree ÷ `HEAD` |" in markdown
+    assert f"`HEAD` is {head[:10]}" in markdown
+    assert report["compiled"] is False
