@@ -535,8 +535,9 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def _sides_table(report: dict[str, Any], others: list[str]) -> list[str]:
-    """User µs of rows 2-4 on each side, and each side over the first one: the
-    revision ``--against`` names (before), else the working tree."""
+    """CPU µs (user + system: their sum is exact, the split is sampled) of rows 2-4
+    on each side, and each side over the first one: the revision ``--against`` names
+    (before), else the working tree."""
     against = report["against"]
     names = dict(SIDE_NAMES)
     if against is not None:
@@ -549,7 +550,7 @@ def _sides_table(report: dict[str, Any], others: list[str]) -> list[str]:
         sides += f"; `{against['rev']}` is {against['sha'][:10]}"
     lines = [
         "",
-        f"User µs by build ({sides}), each in its own worker process, alternating round "
+        f"User + system µs by build ({sides}), each in its own worker process, alternating round "
         "after round on the same servers; compiled: the working tree with its wire layer "
         "compiled by mypyc (setup.py, `CELERY_REDLOCK_COMPILE=1`).",
         "",
@@ -565,14 +566,14 @@ def _sides_table(report: dict[str, Any], others: list[str]) -> list[str]:
             figures = [report["sides"][name][n][row] for name in order]
             first = figures[0]
             ratios = [
-                f"{other['user_us'] / first['user_us']:.2f}"
-                if "error" not in first and "error" not in other and first["user_us"] > 0
+                f"{other['cpu_us'] / first['cpu_us']:.2f}"
+                if "error" not in first and "error" not in other and first["cpu_us"] > 0
                 else "n/a"
                 for other in figures[1:]
             ]
             lines.append(
                 f"| {ROW_NAMES[row]} | {n} | "
-                + " | ".join(_us(f) for f in figures)
+                + " | ".join(_us(f, "cpu_us") for f in figures)
                 + " | "
                 + " | ".join(ratios)
                 + " |"
