@@ -6,7 +6,10 @@ would carry into the next test are cleared:
 
 - results still waiting for the garbage collector are freed while that Redis still
   runs: a result freed after its backend stopped spends 20 s reconnecting in
-  ``AsyncResult.__del__``, stalling whatever runs next;
+  ``AsyncResult.__del__``, stalling whatever runs next. Given the test's ``caplog``,
+  the log records captured so far are dropped first: pytest keeps them until the
+  test's teardown ends, and a record logged with a traceback keeps the task's request
+  (whose ``children`` are results) alive past this fixture;
 - the process-wide event loop of the stopped embedded worker: the next worker would
   reuse it, with the old worker's timer, and never run a message with a countdown.
 
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
+import pytest
 from celery import Celery
 from celery.signals import task_postrun
 from kombu.asynchronous import set_event_loop
@@ -32,7 +36,12 @@ from celery_redlock.testing import RedisNodes, RedisServer
 
 
 def worker_test_app(
-    name: str, broker: RedisServer, nodes: RedisNodes, backoff: float, backoff_max: float
+    name: str,
+    broker: RedisServer,
+    nodes: RedisNodes,
+    backoff: float,
+    backoff_max: float,
+    caplog: Optional[pytest.LogCaptureFixture] = None,
 ) -> Iterator[Celery]:
     """Yield the app (use with ``yield from`` in a fixture)."""
     app = Celery(name, broker=broker.url, backend=broker.url, set_as_current=False)
@@ -43,6 +52,10 @@ def worker_test_app(
     app.conf.result_extended = True
     app.conf.broker_connection_retry_on_startup = True
     yield app
+    if caplog is not None:
+        for when in ("setup", "call"):
+            # The report's "Captured log" text is kept apart: only the records go.
+            caplog.get_records(when).clear()
     free_results()
     set_event_loop(None)
 

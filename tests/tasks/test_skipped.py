@@ -29,8 +29,11 @@ HANG_GUARD = 30.0
 
 
 @pytest.fixture
-def app(redis_server: RedisServer, redis_nodes: RedisNodes) -> Iterator[Celery]:
-    yield from worker_test_app("skipped", redis_server, redis_nodes, 0.05, 0.1)
+def app(
+    redis_server: RedisServer, redis_nodes: RedisNodes, caplog: pytest.LogCaptureFixture
+) -> Iterator[Celery]:
+    # caplog: an outage's ERROR line keeps a retried copy's result (see appfixture).
+    yield from worker_test_app("skipped", redis_server, redis_nodes, 0.05, 0.1, caplog)
 
 
 @pytest.fixture
