@@ -8,6 +8,9 @@
 - ``connection``: one non-blocking connection; ``node``: one master (URL or client,
   TLS, Sentinel-managed); ``node_set``: the node set and its poll driver.
 - ``sentinel``: ``sentinel://`` node URLs and master discovery.
+- ``cluster``, ``cluster_node``, ``cluster_view``: a Redis Cluster as one node
+  (``redis+cluster://`` URLs, names in one hash slot, routing and redirects, and the
+  operators' per-master view).
 - ``late_replies``: the thread that reads the replies a round stopped waiting for.
 - ``unpatched``, ``background``: the interpreter's own primitives past gevent's or
   eventlet's monkey-patching, and the background threads made from them.
