@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import itertools
 import json
 import multiprocessing
@@ -30,7 +29,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -38,7 +37,7 @@ from typing import Any, Callable, Optional
 from celery_redlock import Redlock, RedlockError
 from celery_redlock.testing import REDIS_SERVER_ENV, RedisNodes, RedisServer, ShardedCluster
 
-from .machine import RESULTS_DIR, _write, machine_info, pick_redis_server
+from .machine import RESULTS_DIR, _write, pick_redis_server, report_head
 from .stats import Timing, summarize
 
 __all__ = ["FULL", "QUICK", "Plan", "main", "run"]
@@ -234,12 +233,7 @@ def _scale_out(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "bench": "cluster",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(binary),
-        "plan": asdict(plan),
-    }
+    report: dict[str, Any] = report_head("cluster", binary, plan)
     with contextlib.ExitStack() as stack:
         plain = stack.enter_context(RedisNodes(1, binary=binary))
         targets = [Target("plain master", plain.urls[0], list(plain), None)]

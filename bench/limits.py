@@ -21,14 +21,13 @@ and ``bench/results/limits.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import secrets
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -101,15 +100,10 @@ class _Keys:
 def run(
     plan: Plan, binary: str, tasks: bool, log: Callable[[str], None]
 ) -> tuple[dict[str, Any], str]:
-    from .locks import machine_info  # the peers' bench: its imports need the bench extra
+    from .machine import report_head
 
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "bench": "limits",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(binary),
-        "plan": asdict(plan),
-    }
+    report: dict[str, Any] = report_head("limits", binary, plan)
     keys = _Keys()
     with RedisNodes(NODES, binary=binary) as cluster, RedisServer(binary=binary) as watcher:
         log(f"{NODES} lock nodes and an observer up: {[s.port for s in cluster]}, {watcher.port}")

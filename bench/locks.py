@@ -34,7 +34,6 @@ What is measured, all in the same run:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import secrets
@@ -56,6 +55,7 @@ from .machine import _dist_version as _dist_version
 from .machine import _write as _write
 from .machine import machine_info as machine_info
 from .machine import pick_redis_server as pick_redis_server
+from .machine import report_head
 from .resp import FloorCycle, FloorQuorum
 from .stats import Op, OpFailed, Summary, Timing, run_loop, run_threads, summarize
 
@@ -597,12 +597,7 @@ def render_markdown(report: dict[str, Any], names: dict[str, str]) -> str:
 def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     """Start the servers, measure everything, stop them; the report and its Markdown."""
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "bench": "locks",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(binary),
-        "plan": asdict(plan),
-    }
+    report: dict[str, Any] = report_head("locks", binary, plan)
     keys = _Keys()
     with RedisNodes(NODES, binary=binary) as cluster:
         log(

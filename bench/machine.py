@@ -10,6 +10,8 @@ without them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import importlib.metadata
 import os
 import platform
@@ -22,7 +24,7 @@ from typing import Any, Optional
 import celery_redlock
 from celery_redlock.testing import REDIS_SERVER_ENV, find_redis_server
 
-__all__ = ["RESULTS_DIR", "machine_info", "pick_redis_server"]
+__all__ = ["RESULTS_DIR", "machine_info", "pick_redis_server", "report_head"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -122,3 +124,14 @@ def _write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def report_head(bench: str, binary: str, plan: Any) -> dict[str, Any]:
+    """What every bench report starts with: its name, when it started (UTC), the
+    machine and the plan it ran (a dataclass)."""
+    return {
+        "bench": bench,
+        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(binary),
+        "plan": dataclasses.asdict(plan),
+    }

@@ -59,7 +59,6 @@ revision that lacks one of them fails that row in the report, not the run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
@@ -71,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -414,15 +413,12 @@ def run(
 ) -> tuple[dict[str, Any], str]:
     from celery_redlock.testing import RedisNodes
 
-    from .machine import machine_info
+    from .machine import report_head
     from .resp import FloorCycle, FloorQuorum
 
     started = time.monotonic()
     report: dict[str, Any] = {
-        "bench": "profile",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(binary),
-        "plan": asdict(plan),
+        **report_head("profile", binary, plan),
         "working_tree": {"describe": _git("describe", "--always", "--dirty")},
         "against": None,
     }

@@ -26,7 +26,6 @@ servers, the client and other work compete for the same cores.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import secrets
@@ -34,7 +33,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -47,10 +46,10 @@ from .locks import (
     _Keys,
     _single_thread,
     _write,
-    machine_info,
     pick_redis_server,
 )
 from .locks import Plan as LocksPlan
+from .machine import report_head
 from .profile import cpu_per_op
 from .resp import FloorCycle, FloorQuorum
 from .stats import Op, run_threads, summarize
@@ -232,12 +231,7 @@ def run(plan: Plan, binary: str, log: Log, pinned: bool = False) -> dict[str, An
     """Every section, each on fresh servers; the report (JSON-ready). ``pinned``: the
     latency and threads sections run with servers and client on separate CPUs."""
     started = time.monotonic()
-    report: dict[str, Any] = {
-        "bench": "scale",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(binary),
-        "plan": asdict(plan),
-    }
+    report: dict[str, Any] = report_head("scale", binary, plan)
     keys = _Keys()
     affinity = os.sched_getaffinity(0)
     with RedisNodes(max(plan.node_counts), binary=binary) as cluster:
