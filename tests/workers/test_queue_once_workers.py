@@ -7,7 +7,8 @@ debounce), while the workers run. Judged by the
 observer (the bodies report their task id and version), never by the lock's word:
 every task ends SUCCESS; a copy whose result is the ``Replaced`` marker never ran its
 body and its marker names a copy that was sent; every copy not replaced ran; and the
-copy whose enqueue returned last ran, with its arguments.
+copy whose enqueue returned last ran with its arguments, or its replacements (each
+enqueued while it was) lead to a copy that did.
 
 Until executed (``redlock_queued_until="end"``): 20 enqueues from 4 processes while
 the first copy runs each get that copy's id, nothing else is queued, and the task
@@ -43,14 +44,15 @@ def _callers(
     try:
         task = limitsapp.client_task("replaced", broker_url, nodes)
 
-        def call(i: int) -> tuple[str, int, int]:
+        def call(i: int) -> tuple[str, int, int, int]:
             version = process * 1000 + i
             time.sleep(0.08 * i)  # 25 calls over 2 s
+            began = time.monotonic_ns()
             result = task.apply_async(
                 kwargs={"tag": "r", "version": version, "seconds": seconds, "counter": "repl"},
                 countdown=DEBOUNCE,
             )
-            return result.id, version, time.monotonic_ns()
+            return result.id, version, began, time.monotonic_ns()
 
         with ThreadPoolExecutor(4) as pool:
             out.put(list(pool.map(call, range(count))))
@@ -90,7 +92,7 @@ def test_100_replacing_enqueues_from_4_processes_run_only_copies_nobody_replaced
         for proc in procs:
             proc.join(10)
         assert [r for r in reports if isinstance(r, str)] == []  # no caller failed
-        sent = {task_id: (version, done) for report in reports for task_id, version, done in report}
+        sent = {task_id: call for report in reports for task_id, *call in report}
         assert len(sent) == 100
         results = [AsyncResult(task_id, app=stack.client) for task_id in sent]
         wait_all(results, timeout=120)
@@ -101,8 +103,17 @@ def test_100_replacing_enqueues_from_4_processes_run_only_copies_nobody_replaced
     ran = runs(stack.observer, "repl")
     assert set(ran) == set(sent) - set(replaced)  # no replaced copy ran; every other did
     versions = {str(k): int(v) for k, v in stack.observer.hgetall("versions:repl").items()}
-    last = max(sent, key=lambda task_id: sent[task_id][1])
-    assert last in ran and versions[last] == sent[last][0]
+    # The copy whose enqueue returned last ran with its arguments, or was replaced by a
+    # copy whose enqueue overlapped its own (the later claim wins, not the later return:
+    # a call still swapping the place may return after a copy that replaced it), and so
+    # on to a copy that ran with its arguments.
+    last = max(sent, key=lambda task_id: sent[task_id][2])
+    chain = [last]
+    while chain[-1] in replaced:
+        chain.append(replaced[chain[-1]])
+        assert chain[-1] not in chain[:-1], chain  # fates are set once: no cycle
+        assert sent[chain[-1]][1] <= sent[last][2]  # began before the last call returned
+    assert chain[-1] in ran and versions[chain[-1]] == sent[chain[-1]][0]
     reruns = sum(n - 1 for n in ran.values())
     assert reruns == 0 or kind == "holder-killed"
     print(
