@@ -186,6 +186,13 @@ class NodeConnection(asyncio.Protocol):
                 return now - owed.sent <= owed_age or self._answering(now, owed_age)
         return True
 
+    def silent_for(self, now: float, seconds: float) -> bool:
+        """Whether the node has owed a reply for over ``seconds`` and said nothing for
+        as long (nor waits unread): hung or stopped, not merely busy (see
+        ``AsyncNodeSet.round``)."""
+        owed = self.owed
+        return bool(owed) and now - owed[0].sent > seconds and not self._answering(now, seconds)
+
     def _answering(self, now: float, owed_age: float) -> bool:
         """Whether the node answered within ``owed_age``, or its answer waits unread."""
         return now - self.heard <= owed_age or self._unread()

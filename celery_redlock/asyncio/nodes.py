@@ -59,7 +59,7 @@ class _RoundWaiter:
 
     __slots__ = (
         "active", "command", "count", "deadline", "follow", "heard", "redirected", "routed",
-        "sent", "tally", "wake",
+        "sent", "silent", "tally", "wake",
     )  # fmt: skip
 
     handshake = False
@@ -71,7 +71,10 @@ class _RoundWaiter:
         self.sent = sent
         self.wake: Optional[asyncio.Future[None]] = None
         self.deadline = 0.0  # on the event loop's clock
-        self.heard = 0
+        self.heard = 0  # of the nodes waited for (not ``silent``)
+        #: Nodes silent for a round's deadline before this one: not waited for on
+        #: their own (see ``AsyncNodeSet.round``); None when there are none.
+        self.silent: Optional[set[int]] = None
         self.active = True  # False once the round stopped waiting: replies dropped
         #: Cluster nodes' own commands (renamed) and redirects (cluster.py): None
         #: when no node is a cluster.
@@ -97,15 +100,27 @@ class _RoundWaiter:
                 conn.send(self._command(conn.index).fallback(), self)
                 return
             tally.failed(conn.index, rexc.ConnectionError("NOSCRIPT and the connection is gone"))
-        self.heard += 1
-        if tally.decided or self.heard >= self.count:
-            self._done()
+        self._heard(conn.index)
 
     def failed(self, node: int, error: BaseException) -> None:
         if self.active and self.tally.awaiting(node):
             self.tally.failed(node, error)
+            self._heard(node)
+
+    def _heard(self, node: int) -> None:
+        if self.silent is None or node not in self.silent:
             self.heard += 1
-            if self.tally.decided or self.heard >= self.count:
+        if self.tally.decided or self.heard >= self.count:
+            self._done()
+
+    def hush(self, nodes: list[int]) -> None:
+        """``nodes`` have been silent for a round's deadline: stop waiting for them
+        once every other node is heard (their replies still count until then)."""
+        nodes = [i for i in nodes if self.tally.awaiting(i)]
+        if nodes:
+            self.silent = set(nodes)
+            self.count -= len(nodes)
+            if self.heard >= self.count:
                 self._done()
 
     def _done(self) -> None:
@@ -251,7 +266,15 @@ class AsyncNodeSet:
         self._write_all(ask.command.payload, waiter, now, True, loop)
         if self._clusters:
             self._send_routed(routes, waiter, no_map)
-        if not tally.decided and waiter.heard < count:
+        # Nodes that have not answered for a whole deadline (hung, stopped) would
+        # almost never answer within this one: waited for, they would cost every
+        # undecided round (a split vote) its full deadline (wire/node_set.py).
+        conns = self._conns
+        waiter.hush([
+            i for i in self._plain
+            if (conn := conns[i]) is not None and conn.silent_for(now, ask.timeout)
+        ])  # fmt: skip
+        if not tally.decided and waiter.heard < waiter.count:
             wake = waiter.wake = loop.create_future()
             waiter.deadline = started + ask.timeout
             self._wait(waiter, loop)
@@ -266,7 +289,9 @@ class AsyncNodeSet:
                 self._waiting.discard(waiter)
         waiter.active = False
         if not tally.decided:
-            tally.deadline_passed([node.address for node in self.nodes], ask.timeout)
+            tally.deadline_passed(
+                [node.address for node in self.nodes], ask.timeout, waiter.silent or ()
+            )
         results = tally.finish()
         for i, cluster in self._clusters.items():
             if isinstance(results[i], (rexc.ConnectionError, rexc.TimeoutError)):

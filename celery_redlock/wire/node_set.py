@@ -30,7 +30,7 @@ import math
 import os
 import select
 import time
-from typing import Callable, Final, NamedTuple, Optional, Protocol, Sequence
+from typing import Callable, Container, Final, NamedTuple, Optional, Protocol, Sequence
 
 from redis import exceptions as rexc
 
@@ -71,7 +71,9 @@ class _Tally(Protocol):
     def awaited(self) -> list[int]: ...
     def awaiting(self, node: int) -> bool: ...
     def failed(self, node: int, error: BaseException) -> None: ...
-    def deadline_passed(self, names: Sequence[str], timeout: float) -> None: ...
+    def deadline_passed(
+        self, names: Sequence[str], timeout: float, silent: Container[int] = ()
+    ) -> None: ...
 
 
 class _Route(NamedTuple):
@@ -248,11 +250,12 @@ class NodeSet:
             if age > self._owed_age:
                 self._owed_age = age
         routes = self._routes(commands)  # before anything is sent: may refuse
-        conns = self._send_all(routes, tally, now, timeout, wait, deliver)
-        timed_out = wait and self._collect(driven, conns, now + timeout, routes)
+        silent: set[int] = set()
+        conns = self._send_all(routes, tally, now, timeout, wait, deliver, silent)
+        timed_out = wait and self._collect(driven, conns, now + timeout, routes, silent)
         late = tally.awaited if timed_out else ()
         if timed_out:
-            tally.deadline_passed([node.address for node in self.nodes], timeout)
+            tally.deadline_passed([node.address for node in self.nodes], timeout, silent)
         owing = False
         for i, (node, conn) in enumerate(zip(self.nodes, conns)):
             if i in late and (node.sentinel is not None or node.cluster is not None):
@@ -300,10 +303,14 @@ class NodeSet:
         timeout: float,
         wait: bool,
         deliver: bool = False,
+        silent: Optional[set[int]] = None,
     ) -> list[Optional[Connection]]:
         """Write ``commands`` to every node; the connection each one is awaited on.
         A node with no idle connection gets a new one, unless the round neither waits
-        nor must deliver (a command that may be dropped)."""  # fmt: skip
+        nor must deliver (a command that may be dropped). Into ``silent`` go the
+        nodes whose connection has owed a reply for longer than ``timeout`` already:
+        silent for a whole round's deadline (hung, stopped), their answer to this
+        round can only come behind that one (see ``_collect``)."""  # fmt: skip
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         # Nodes whose address is known are written first; each Sentinel-managed node
         # still to be found then gets a share of what is left of the deadline, one
@@ -331,6 +338,8 @@ class NodeSet:
                 if conn is None:
                     continue
                 conns[i] = conn
+                if silent is not None and conn.owed_for(now) > timeout:
+                    silent.add(i)
                 try:
                     for command in commands:
                         conn.send(command.payload, command, now)
@@ -359,8 +368,17 @@ class NodeSet:
         conns: list[Optional[Connection]],
         deadline: float,
         routes: Sequence[_Route],
+        silent: set[int],
     ) -> bool:
-        """Read replies until decided (False) or the deadline passed (True)."""
+        """Read replies until decided (False) or the deadline passed (True).
+
+        Nodes in ``silent`` (see ``_send_all``) are not waited for on their own: once
+        only they are left to answer, the round ends as at its deadline. Their reply
+        still counts if it comes while others are read. A node that has not answered
+        for a whole deadline would almost never answer within this one, and waiting
+        for it costs every undecided round its full deadline: with two of five nodes
+        stopped, each split vote held its slots for the deadline, and the waiters it
+        refused with them."""
         tally = driven.tally
         started = self._clock()
         clustered = self.clustered
@@ -374,6 +392,8 @@ class NodeSet:
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
         final = False
         while by_fd and not tally.decided and not final:
+            if silent and silent.issuperset(by_fd.values()):
+                return True  # only silent nodes are left: they time out now
             remaining = deadline - self._clock()
             # Past the deadline, look once more without waiting: a thread that woke
             # late (GIL, busy CPU) must not ignore replies already in the sockets.

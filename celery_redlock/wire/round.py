@@ -7,7 +7,7 @@ tomorrow), so it lives here, fed with events:
 - ``failed(i, exc)``: node i cannot answer (connection refused, hung up): a no;
 - ``replied(i, reply)``: node i answered; True means "send it again as EVAL" (the
   node forgot our scripts: NOSCRIPT), and node i is still awaited;
-- ``deadline_passed(names, timeout)``: every node still awaited timed out.
+- ``deadline_passed(names, timeout, silent)``: every node still awaited timed out.
 
 ``decided`` turns True once ``enough_yes`` replies satisfy ``is_yes`` or ``enough_no``
 do not (failures count as no), or once ``settled`` says so of the results so far
@@ -28,7 +28,7 @@ anything from the package.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Final, Optional, Sequence
+from typing import Callable, Container, Final, Optional, Sequence
 
 from redis import exceptions as rexc
 
@@ -120,16 +120,21 @@ class Round:
         if self._settled is not None and not self.decided and self._settled(self.results):
             self.decided = True
 
-    def deadline_passed(self, names: Sequence[str], timeout: float) -> None:
+    def deadline_passed(
+        self, names: Sequence[str], timeout: float, silent: Container[int] = ()
+    ) -> None:
         """The round's deadline passed: every node still awaited timed out.
 
         ``names[i]`` names node i in its error; ``timeout`` is the round's, in seconds.
+        ``silent``: nodes the round stopped waiting for before its deadline, as they
+        had not answered for a whole deadline before it (the drivers' rule).
         """
         results = self.results
         for i, result in enumerate(results):
             if result is AWAITED:
+                why = "silent for a round's deadline, " if i in silent else ""
                 results[i] = rexc.TimeoutError(
-                    f"{names[i]}: no reply within {timeout * 1000:.0f} ms"
+                    f"{names[i]}: {why}no reply within {timeout * 1000:.0f} ms"
                 )
 
     def finish(self) -> list[object]:
@@ -221,10 +226,12 @@ class Batch:
                 self._undecided -= 1
         return None
 
-    def deadline_passed(self, names: Sequence[str], timeout: float) -> None:
+    def deadline_passed(
+        self, names: Sequence[str], timeout: float, silent: Container[int] = ()
+    ) -> None:
         """The round's deadline passed: every item still awaited at a node timed out."""
         for tally in self.rounds:
-            tally.deadline_passed(names, timeout)
+            tally.deadline_passed(names, timeout, silent)
         for owed in self._owed:
             owed.clear()
 

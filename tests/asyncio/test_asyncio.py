@@ -252,6 +252,40 @@ def test_a_hung_node_costs_nothing_while_a_quorum_answers(redis_nodes: RedisNode
     run(scenario())
 
 
+def test_nodes_silent_for_a_whole_deadline_are_not_waited_for_by_the_next_round(
+    redis_nodes: RedisNodes,
+) -> None:
+    # As the synchronous lock (tests/lock/test_redlock.py): 2 yes, 1 no, two nodes
+    # stopped; only the first round waits its deadline for them.
+    node_timeout = 2.0
+    redis_nodes[2].client().set("silent", FOREIGN)
+
+    async def scenario() -> list[float]:
+        redlock = AsyncRedlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=node_timeout)
+        took = []
+        for _ in range(3):
+            began = time.monotonic()
+            assert await redlock.acquire("silent", blocking=False) is None
+            took.append(time.monotonic() - began)
+            await asyncio.sleep(0.05)
+        info = await redlock.holder("silent")
+        for node in info.nodes[:2]:
+            assert isinstance(node.error, redis.TimeoutError)
+            assert "silent for a round's deadline" in str(node.error)
+        redlock.close()
+        return took
+
+    for server in redis_nodes[:2]:
+        server.pause()
+    try:
+        took = run(scenario())
+    finally:
+        for server in redis_nodes[:2]:
+            server.resume()
+    assert took[0] >= node_timeout
+    assert max(took[1:]) < node_timeout / 2, took
+
+
 def test_many_tasks_at_once_each_win_their_own_key(redis_nodes: RedisNodes) -> None:
     # Their rounds share each node's connection (written together in one loop turn).
     clients = _clients(redis_nodes)

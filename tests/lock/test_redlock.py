@@ -438,6 +438,39 @@ def test_majority_down_fails_within_node_timeout_and_leaves_no_keys(
         )
 
 
+def test_nodes_silent_for_a_whole_deadline_are_not_waited_for_by_the_next_round(
+    redis_nodes: RedisNodes,
+) -> None:
+    # Two of five stopped and the key held by someone else on one live node: 2 yes,
+    # 1 no, and only the stopped nodes could decide. The first round waits its whole
+    # deadline for them; the next ones do not (they had not answered for a deadline),
+    # and say why. With waiters racing for permits, every split vote used to hold
+    # its slots for a whole deadline this way.
+    node_timeout = 2.0
+    servers = list(redis_nodes)
+    redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=node_timeout)
+    servers[2].client().set("silent", FOREIGN)
+    for server in servers[:2]:
+        server.pause()
+    try:
+        took = []
+        for _ in range(3):
+            began = time.monotonic()
+            assert redlock.acquire("silent", blocking=False) is None
+            took.append(time.monotonic() - began)
+            time.sleep(0.05)
+        info = redlock.holder("silent")
+    finally:
+        for server in servers[:2]:
+            server.resume()
+        redlock.close()
+    assert took[0] >= node_timeout
+    assert max(took[1:]) < node_timeout / 2, took
+    for node in info.nodes[:2]:
+        assert isinstance(node.error, redis.TimeoutError)
+        assert "silent for a round's deadline" in str(node.error)
+
+
 def test_fresh_connections_to_hung_nodes_cost_one_node_timeout_not_n(
     redis_nodes: RedisNodes,
 ) -> None:
