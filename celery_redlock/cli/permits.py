@@ -28,6 +28,7 @@ from ..lock.stored import (
     RATE,
     HolderInfo,
     NodeHolding,
+    permit_grant_prefix,
     permit_of,
     permit_slot,
     permit_terms_record,
@@ -228,10 +229,16 @@ def build_permits(found: Found, read: Mapping[str, HolderInfo], quorum: int) -> 
 # -- reading one key's permits (show) --------------------------------------------------------
 
 
-def scan_key_permits(client: Any, key: str) -> list[str]:
-    """The names of ``key``'s permit slots and terms records on one node."""
+def scan_key_permits(client: Any, key: str, grants: bool = False) -> list[str]:
+    """The names of ``key``'s permit slots and terms records on one node; with
+    ``grants``, the nodes' notes of which slot each token was given too."""
     names = [text(raw) or "" for raw in client.scan_iter(match=key_match(key), count=1000)]
-    return [name for name in names if (permit_name(name) or ("",))[0] == key]
+    prefixes = tuple(permit_grant_prefix(key, kind) for kind in KINDS) if grants else ()
+    return [
+        name
+        for name in names
+        if (permit_name(name) or ("",))[0] == key or (prefixes and name.startswith(prefixes))
+    ]
 
 
 def read_key_permits(

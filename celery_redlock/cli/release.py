@@ -18,7 +18,7 @@ import redis
 from ..lock import scripts
 from ..lock.commands import release_command
 from ..lock.redlock import tombstone
-from ..lock.stored import LIMIT, WAKE_SUFFIX, split_value
+from ..lock.stored import LIMIT, WAKE_SUFFIX, permit_full, split_value
 from ..wire.node_set import Node
 from .common import error_text, on_each_node, text
 from .permits import KINDS, permit_name, scan_key_permits
@@ -168,25 +168,29 @@ class PermitsDeletion:
 
 def delete_permits(node: Node, key: str) -> PermitsDeletion:
     """Delete every permit slot of ``key`` and its terms records on ``node``, whoever
-    holds them, in one transaction; then wake ``key``'s waiters. The slots' fence
-    counters are kept; tombstones expire by themselves."""
+    holds them, in one transaction, with the nodes' notes about them (which slot each
+    token got, that every slot is taken); then wake ``key``'s waiters. The slots'
+    fence counters are kept; tombstones expire by themselves."""
     client = node.client()
-    names = scan_key_permits(client, key)
+    names = scan_key_permits(client, key, grants=True)
     if not names:
         return PermitsDeletion(node.address, ABSENT, dict.fromkeys(KINDS, 0))
     pipe = client.pipeline(transaction=True)
     for name in names:
         pipe.get(name)
         pipe.delete(name)
+    for kind in KINDS:
+        pipe.delete(permit_full(key, kind))  # slots freed: no longer full
     replies = pipe.execute(raise_on_error=False)  # a value of another type: holder unknown
     slots = dict.fromkeys(KINDS, 0)
     records = 0
     holders = []
     for i, name in enumerate(names):
         value, deleted = replies[2 * i], replies[2 * i + 1]
-        _, kind, slot = permit_name(name) or ("", "", None)
-        if not deleted:
+        permit = permit_name(name)
+        if not deleted or permit is None:  # a grant note goes with its slot
             continue
+        _, kind, slot = permit
         if slot is None:
             records += 1
             continue

@@ -32,6 +32,8 @@ from .stored import (
     INTERNAL,
     fence_counter,
     hold_tombstone,
+    permit_full,
+    permit_grant,
     permit_of,
     permit_slot_prefix,
     permit_terms_record,
@@ -163,7 +165,13 @@ def release_command(
         base, kind, _ = permit
         return Command(
             permit_scripts.RELEASE_PERMIT,
-            [key, permit_tombstone(base, kind, value), permit_terms_record(base, kind)],
+            [
+                key,
+                permit_tombstone(base, kind, value),
+                permit_terms_record(base, kind),
+                permit_full(base, kind),
+                permit_grant(base, kind, value),
+            ],
             [value, ms(ttl), base, permit_slot_prefix(base, kind)],
         )
     if hold is None:

@@ -34,6 +34,8 @@ from .permit_scripts import ACQUIRE_PERMIT, DROP_PERMITS
 from .stored import (
     LIMIT,
     RATE,
+    permit_full,
+    permit_grant,
     permit_of,
     permit_slot,
     permit_slot_prefix,
@@ -108,11 +110,14 @@ def acquire_permit_command(
     unless another caller took it meanwhile, and racing callers aim apart.
     ``spacing`` (a rate, seconds; 0: none): when every slot is taken, each node hands
     out the caller's turn, ``spacing`` after the last (permit_scripts.ACQUIRE_PERMIT)."""
-    keys = [permit_terms_record(key, terms.kind), permit_tombstone(key, terms.kind, value)]
-    if terms.kind == LIMIT:
-        keys.append(key)  # held as a mutex: a caller of the key disagrees
-    else:
-        keys.append(permit_turns(key))
+    kind = terms.kind
+    keys = [
+        permit_terms_record(key, kind),
+        permit_tombstone(key, kind, value),
+        key if kind == LIMIT else permit_turns(key),  # a limit: held as a mutex?
+        permit_full(key, kind),
+        permit_grant(key, kind, value),
+    ]
     turns = ms(spacing) if spacing > 0 and terms.kind == RATE else 0
     return Command(
         ACQUIRE_PERMIT,
@@ -130,13 +135,14 @@ def drop_permits_command(
 ) -> Command:
     """Delete ``value`` from every slot but ``keep``; with no ``keep`` (an undo) leave
     a tombstone for ``ttl`` s so a late acquire sets nothing."""
+    kind = terms.kind
     return Command(
         DROP_PERMITS,
-        [permit_tombstone(key, terms.kind, value)],
         [
-            value, ms(ttl), terms.count, permit_slot_prefix(key, terms.kind),
-            -1 if keep is None else keep, key,
+            permit_tombstone(key, kind, value), permit_full(key, kind),
+            permit_grant(key, kind, value),
         ],
+        [value, ms(ttl), permit_slot_prefix(key, kind), -1 if keep is None else keep, key],
     )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "is_lock_key",
     "lua_text",
     "new_value",
+    "permit_full",
     "permit_of",
     "permit_slot",
     "permit_slot_prefix",
@@ -155,6 +156,24 @@ def permit_turns(key: str) -> str:
     """Where the nodes keep when a rate's next reserved turn is (a hint for pacing
     the callers that come back, never part of what a start needs)."""
     return f"{key}{INTERNAL}{RATE}-turns"
+
+
+def permit_full(key: str, kind: str) -> str:
+    """Where a node notes that every slot of ``key``'s permits of ``kind`` is taken,
+    until the first of them expires (permit_scripts.py): a refusal reads it, not N
+    slots. It only ever refuses, and every deletion of a slot deletes it."""
+    return f"{key}{INTERNAL}{kind}-full"
+
+
+def permit_grant_prefix(key: str, kind: str) -> str:
+    """Every grant of ``key``'s permits of ``kind`` is named this, then a token."""
+    return f"{permit_slot_prefix(key, kind)}granted{INTERNAL}"
+
+
+def permit_grant(key: str, kind: str, value: str) -> str:
+    """Where a node notes which of ``key``'s slots it gave ``value``'s token, for as
+    long as that slot was set to live (permit_scripts.py)."""
+    return f"{permit_grant_prefix(key, kind)}{value.partition('|')[0]}"
 
 
 def permit_tombstone(key: str, kind: str, value: str) -> str:

@@ -19,6 +19,7 @@ import pytest
 
 from celery_redlock import ConfigurationError, LockContended, Redlock
 from celery_redlock.asyncio import AsyncRedlock
+from celery_redlock.cli.release import delete_permits_on_each_node
 from celery_redlock.lock.permits import Terms, acquire_permit_command
 from celery_redlock.lock.stored import LIMIT, permit_slot, permit_slot_prefix
 from celery_redlock.lock.validate import MAX_PERMITS
@@ -273,6 +274,34 @@ def test_a_rate_admits_r_starts_then_says_when_the_next_may_start(
     # timeout shorter than the wait: no start, the wait is returned at once.
     assert lock.admit("r1", "1/5s") == 0.0
     assert lock.admit("r1", "1/5s", timeout=0.01) > 4.0
+
+
+def test_a_full_window_is_noted_so_a_refusal_reads_one_key_not_every_slot(
+    redis_nodes: RedisNodes,
+) -> None:
+    # Each node counts the GETs its scripts run: the first refusal scans the 200
+    # slots and notes the window full; the next one reads the note. A forced
+    # deletion of the permits (the CLI's) takes the note with them.
+    lock = _lock(redis_nodes)
+    clients = [node.client() for node in redis_nodes]
+
+    def gets() -> list[int]:
+        time.sleep(0.2)  # the nodes the round did not wait for have run it too
+        return [int(c.info("commandstats").get("cmdstat_get", {}).get("calls", 0)) for c in clients]
+
+    assert [lock.admit("big", "200/h") for _ in range(200)] == [0.0] * 200
+    before = gets()
+    wait = lock.admit("big", "200/h")
+    scanned = gets()
+    assert wait > 3000
+    assert abs(lock.admit("big", "200/h") - wait) <= 1.0  # the same answer
+    noted = gets()
+    assert all(b - a >= 200 for a, b in zip(before, scanned)), (before, scanned)
+    assert all(c - b <= 5 for b, c in zip(scanned, noted)), (scanned, noted)
+    deletions = delete_permits_on_each_node(lock.node_set.nodes, "big", 5.0)
+    assert [d.result for d in deletions] == ["deleted"] * 5
+    assert lock.admit("big", "200/h") == 0.0  # not refused by a note left behind
+    lock.close()
 
 
 def test_no_window_has_more_than_r_starts_by_an_independent_observer(
