@@ -114,10 +114,11 @@ class _RoundWaiter:
             self._done()
 
     def hush(self, nodes: list[int]) -> None:
-        """``nodes`` have been silent for a round's deadline: stop waiting for them
-        once every other node is heard (their replies still count until then)."""
+        """``nodes`` have been silent for a round's deadline: when a minority, stop
+        waiting for them once every other node is heard (their replies still count
+        until then). A silent majority is waited for (wire/node_set.py)."""
         nodes = [i for i in nodes if self.tally.awaiting(i)]
-        if nodes:
+        if nodes and 2 * len(nodes) < len(self.tally.results):
             self.silent = set(nodes)
             self.count -= len(nodes)
             if self.heard >= self.count:

@@ -310,7 +310,13 @@ class NodeSet:
         nor must deliver (a command that may be dropped). Into ``silent`` go the
         nodes whose connection has owed a reply for longer than ``timeout`` already:
         silent for a whole round's deadline (hung, stopped), their answer to this
-        round can only come behind that one (see ``_collect``)."""  # fmt: skip
+        round can only come behind that one. When they are a minority, ``_collect``
+        does not wait for them on its own: once only they are left to answer, it
+        looks at them once more without waiting and ends the round as at its
+        deadline. Waiting would cost every undecided round its deadline: with two of
+        five nodes stopped, each split vote held its slots that long, and the
+        waiters it refused with them. A silent majority is waited for as before
+        (more likely a slow client than most nodes hung)."""  # fmt: skip
         conns: list[Optional[Connection]] = [None] * len(self.nodes)
         # Nodes whose address is known are written first; each Sentinel-managed node
         # still to be found then gets a share of what is left of the deadline, one
@@ -370,15 +376,8 @@ class NodeSet:
         routes: Sequence[_Route],
         silent: set[int],
     ) -> bool:
-        """Read replies until decided (False) or the deadline passed (True).
-
-        Nodes in ``silent`` (see ``_send_all``) are not waited for on their own: once
-        only they are left to answer, the round ends as at its deadline. Their reply
-        still counts if it comes while others are read. A node that has not answered
-        for a whole deadline would almost never answer within this one, and waiting
-        for it costs every undecided round its full deadline: with two of five nodes
-        stopped, each split vote held its slots for the deadline, and the waiters it
-        refused with them."""
+        """Read replies until decided (False) or the deadline passed (True); a
+        minority of ``silent`` nodes is not waited for on its own (``_send_all``)."""
         tally = driven.tally
         started = self._clock()
         clustered = self.clustered
@@ -391,13 +390,12 @@ class NodeSet:
                 by_fd[fd] = i
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
         final = False
+        hush = bool(silent) and 2 * len(silent) < len(conns)
         while by_fd and not tally.decided and not final:
-            if silent and silent.issuperset(by_fd.values()):
-                return True  # only silent nodes are left: they time out now
             remaining = deadline - self._clock()
             # Past the deadline, look once more without waiting: a thread that woke
             # late (GIL, busy CPU) must not ignore replies already in the sockets.
-            final = remaining <= 0
+            final = remaining <= 0 or (hush and silent.issuperset(by_fd.values()))
             events = poller.poll(0 if final else math.ceil(remaining * 1000))
             for fd, event in events:
                 i = by_fd.get(fd, -1)
