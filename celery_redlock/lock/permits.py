@@ -133,8 +133,9 @@ def acquire_permit_command(
 def drop_permits_command(
     key: str, terms: Terms, value: str, ttl: float, keep: Optional[int] = None
 ) -> Command:
-    """Delete ``value`` from every slot but ``keep``; with no ``keep`` (an undo) leave
-    a tombstone for ``ttl`` s so a late acquire sets nothing."""
+    """Delete ``value`` from the slot each node gave it, unless that is ``keep``; with
+    no ``keep`` (an undo) leave a tombstone for ``ttl`` s so a late acquire sets
+    nothing."""
     kind = terms.kind
     return Command(
         DROP_PERMITS,

@@ -39,6 +39,8 @@ __all__ = [
     "lua_text",
     "new_value",
     "permit_full",
+    "permit_grant",
+    "permit_grant_prefix",
     "permit_of",
     "permit_slot",
     "permit_slot_prefix",

@@ -252,6 +252,8 @@ class NodeSet:
         routes = self._routes(commands)  # before anything is sent: may refuse
         silent: set[int] = set()
         conns = self._send_all(routes, tally, now, timeout, wait, deliver, silent)
+        if 2 * len(silent) >= len(conns):
+            silent.clear()  # a silent majority: more likely a slow client, waited for
         timed_out = wait and self._collect(driven, conns, now + timeout, routes, silent)
         late = tally.awaited if timed_out else ()
         if timed_out:
@@ -376,8 +378,8 @@ class NodeSet:
         routes: Sequence[_Route],
         silent: set[int],
     ) -> bool:
-        """Read replies until decided (False) or the deadline passed (True); a
-        minority of ``silent`` nodes is not waited for on its own (``_send_all``)."""
+        """Read replies until decided (False) or the deadline passed (True); the
+        ``silent`` nodes (a minority) are not waited for on their own (``_send_all``)."""
         tally = driven.tally
         started = self._clock()
         clustered = self.clustered
@@ -390,12 +392,11 @@ class NodeSet:
                 by_fd[fd] = i
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
         final = False
-        hush = bool(silent) and 2 * len(silent) < len(conns)
         while by_fd and not tally.decided and not final:
             remaining = deadline - self._clock()
             # Past the deadline, look once more without waiting: a thread that woke
             # late (GIL, busy CPU) must not ignore replies already in the sockets.
-            final = remaining <= 0 or (hush and silent.issuperset(by_fd.values()))
+            final = remaining <= 0 or (bool(silent) and silent.issuperset(by_fd.values()))
             events = poller.poll(0 if final else math.ceil(remaining * 1000))
             for fd, event in events:
                 i = by_fd.get(fd, -1)

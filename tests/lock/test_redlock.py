@@ -471,6 +471,27 @@ def test_nodes_silent_for_a_whole_deadline_are_not_waited_for_by_the_next_round(
         assert "silent for a round's deadline" in str(node.error)
 
 
+def test_a_silent_majority_is_still_waited_for(redis_nodes: RedisNodes) -> None:
+    # Three of five silent is more likely a slow client than three hung nodes: every
+    # round gives them its whole deadline, as before.
+    node_timeout = 0.5
+    servers = list(redis_nodes)
+    redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=node_timeout)
+    for server in servers[:3]:
+        server.pause()
+    try:
+        for _ in range(2):
+            began = time.monotonic()
+            with pytest.raises(QuorumUnavailable) as caught:
+                redlock.acquire("majority-silent", blocking=False)
+            assert time.monotonic() - began >= node_timeout
+            assert not any("silent" in str(e) for e in caught.value.errors.values())
+    finally:
+        for server in servers[:3]:
+            server.resume()
+        redlock.close()
+
+
 def test_fresh_connections_to_hung_nodes_cost_one_node_timeout_not_n(
     redis_nodes: RedisNodes,
 ) -> None:
