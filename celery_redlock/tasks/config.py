@@ -38,7 +38,10 @@ def _nodes(conf: Any) -> tuple[str, ...]:
     if nodes is not None:
         nodes_checked: tuple[str, ...] = checked("redlock_nodes", nodes)
         return nodes_checked
-    broker = conf.get("broker_url") or ""
+    # Celery's own property where there is one: it reads CELERY_BROKER_URL from the
+    # environment first (a container's usual way to name the broker), then the
+    # broker_url / legacy broker_host settings; a plain mapping has only the key.
+    broker = getattr(conf, "broker_url", None) or conf.get("broker_url") or ""
     if isinstance(broker, (list, tuple)):
         broker = ";".join(str(url) for url in broker)
     broker = str(broker)

@@ -28,6 +28,7 @@ from celery_redlock import (
     redlock_task,
 )
 from celery_redlock.skipped import is_skipped
+from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.appfixture import Recorder, gate_wait, worker_test_app
 from tests.support.observe import until
@@ -498,6 +499,23 @@ def test_missing_nodes_with_a_non_redis_broker_is_a_clear_error() -> None:
 
     with pytest.raises(ConfigurationError, match="redlock_nodes is not set and the broker"):
         job.apply(throw=True)
+
+
+def test_a_broker_given_only_by_celery_broker_url_is_the_lock_node(
+    redis_nodes: RedisNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Celery reads CELERY_BROKER_URL from the environment ahead of app.conf (a common
+    # container set-up): with redlock_nodes unset, that broker is the lock node.
+    url = redis_nodes[0].url
+    monkeypatch.setenv("CELERY_BROKER_URL", url)
+    app = Celery("envbroker", set_as_current=False)
+
+    @app.task(shared=False, base=RedlockTask, name="t.envbroker")
+    def job() -> str:
+        return "ran"
+
+    assert job.apply(throw=True).get() == "ran"
+    assert app_config(app).nodes == (url,)
 
 
 def test_argument_without_canonical_form_is_a_clear_error(tasks: dict[str, Any]) -> None:
