@@ -86,7 +86,7 @@ def extend_batch(
         args: list[object] = []
         for index, ttl in chunk:
             args += (leases[index].value, ms(ttl))
-        keys = [leases[index].key for index, _ in chunk]
+        keys = [leases[index].keys[0] for index, _ in chunk]  # a permit: its slot
         commands.append(Command(scripts.EXTEND_MANY, keys, args))  # type: ignore[arg-type]
     tally = Batch(
         len(nodes),

@@ -106,6 +106,22 @@ def test_a_crashed_holders_permit_frees_within_its_ttl(redis_nodes: RedisNodes) 
     lease.release()
 
 
+def test_the_watchdog_keeps_a_permit_past_many_ttls(redis_nodes: RedisNodes) -> None:
+    # The watchdog's batched renewal extends the permit's slot, not the limit's name
+    # (which no node keeps): renewed past several ttls, the slot is still held on every
+    # node, so a limit of 2 admits one more holder, not two.
+    lock = _lock(redis_nodes, ttl=0.6)
+    with lock.lock("dog", limit=2, auto_extend=True) as lease:
+        time.sleep(2.0)  # more than 3 ttls
+        assert lease.held and lease.extensions >= 3
+        slot = lease.keys[0]
+        assert all(node.client().pttl(slot) > 0 for node in redis_nodes)  # on the nodes
+        other = lock.try_acquire("dog", limit=2, blocking=False)
+        assert other.keys != lease.keys
+        assert lock.acquire("dog", limit=2, blocking=False) is None
+        other.release()
+
+
 @pytest.mark.parametrize("paused", [0, 2], ids=["all-up", "two-of-five-paused"])
 def test_never_more_than_n_inside_by_an_independent_observer(
     redis_nodes: RedisNodes, redis_server: RedisServer, paused: int
