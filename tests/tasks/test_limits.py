@@ -52,6 +52,19 @@ def test_a_limit_of_3_runs_3_at_a_time_and_every_copy(
     )
 
 
+def test_bodies_longer_than_the_ttl_keep_their_permits(app: Celery, observer: Observer) -> None:
+    # Each body outlasts three ttls: the watchdog renews each permit's slot. Were a
+    # renewal to miss the slot, it would expire under a running body and a third copy
+    # would start beside the two still inside.
+    job = observed_task(
+        app, observer, "l.long", redlock_key="long:{tag}", redlock_limit=2, redlock_ttl=0.6
+    )
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+        results = [job.delay("long", 2.0, n) for n in range(4)]
+        assert _results(results, 60) == list(range(4))
+    assert observer.most_inside("long") == 2
+
+
 def test_a_skipping_copy_over_the_limit_ends_skipped(app: Celery, observer: Observer) -> None:
     job = observed_task(
         app, observer, "l.skip", redlock_key="s:{tag}", redlock_limit=2,
