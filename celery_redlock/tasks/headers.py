@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AGAIN_HEADER",
     "ARRIVAL_HEADER",
     "CLAIM_TRIED_HEADER",
     "COPY_HEADER",
@@ -53,6 +54,10 @@ ARRIVAL_HEADER = "redlock_arrival"
 WOKEN_HEADER = "redlock_woken"
 #: This copy met its own task id's lock: an earlier run may have finished (redelivery.py).
 EARLIER_RUN_HEADER = "redlock_earlier_run"
+
+#: The lock published this copy again (a lock retry, a rate or cooldown come-back, a
+#: wait for an earlier run): another copy of its task id may have run (redelivery.py).
+AGAIN_HEADER = "redlock_again"
 
 #: A copy's hand-off identity: kept together or dropped together.
 IDS_HEADERS = (WAITER_HEADER, COPY_HEADER, CLAIM_TRIED_HEADER)

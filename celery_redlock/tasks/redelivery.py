@@ -24,6 +24,21 @@ runs. Without a stored result (no result backend, ``ignore_result``) a finished 
 cannot be told from a dead one and the copy runs again: at least once, never beside
 the earlier run.
 
+A copy can also come back after its earlier run has finished and released: the
+worker died after the body returned but before its late ack reached the broker (a
+gevent or eventlet worker sends acks from its loop, up to a second or two later), so
+the broker hands the message out again once ``visibility_timeout`` has passed; or the
+worker died between publishing a retry copy and acking the message it retried, so
+two copies of one task id are alive. Such a copy meets no lease. It says so itself:
+the broker marks a message it hands out again (``redelivered``), a retry carries its
+count, and a copy the lock published again its header. Those copies, too, read the
+stored state once they hold the lease, and are dropped when the task id already
+finished::
+
+    t0   w1 runs X, stores SUCCESS, queues its ack   w1 SIGKILLed before sending it
+    t60  X handed out again (redelivered) to w2       w2 wins the lease, reads SUCCESS:
+                                                      dropped, the body does not run twice
+
 Imports headers.py, limits.py, options.py, queue_once.py, republish.py, signals.py,
 the lock and Celery; never task.py.
 """
@@ -35,12 +50,20 @@ import random
 from typing import Any, Optional
 
 from celery import states
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 
 from .. import signals
 from ..lock.redlock import Lease
 from . import queue_once
-from .headers import EARLIER_RUN_HEADER, IDS_HEADERS, header, kept_headers
+from .headers import (
+    AGAIN_HEADER,
+    COPY_HEADER,
+    EARLIER_RUN_HEADER,
+    IDS_HEADERS,
+    header,
+    kept_headers,
+)
 from .limits import give_back, longest_countdown
 from .options import TaskOptions
 from .republish import copy_signature, publish_again
@@ -94,11 +117,18 @@ def wait_for_earlier_run(
 def drop_if_finished_earlier(
     task: Any, key: str, options: TaskOptions, lease: Optional[Lease]
 ) -> None:
-    """A copy that once met its own task id's lock and has now won ``lease``: raise
+    """A copy that once met its own task id's lock, or says it may be a second copy
+    (redelivered, a retry), and has now won ``lease``: raise
     ``Ignore`` (the lease and queue place given back) when an earlier delivery stored
     a ready state; return to run the body (nothing finished, or nothing can tell)."""
     request = task.request
-    if not header(request, EARLIER_RUN_HEADER) or request.is_eager or lease is None:
+    if request.is_eager or lease is None:
+        return
+    # A copy that waited for its own id's lease reads the state in any case (its
+    # warning says when it cannot); one that only says it may be a second copy, only
+    # where a finished run leaves a state.
+    maybe_second = _may_have_run_before(request) and _stores_results(task)
+    if not (header(request, EARLIER_RUN_HEADER) or maybe_second):
         return
     state = _stored_state(task)
     if state not in states.READY_STATES:
@@ -111,6 +141,21 @@ def drop_if_finished_earlier(
     give_back(lease, key)
     queue_once.hand_back(task, key, options)
     raise Ignore(f"an earlier delivery of this task already finished ({state})")
+
+
+def _may_have_run_before(request: Any) -> bool:
+    """The message says it may be a second copy: the broker handed it out again, or it
+    was published again -- by the task's own retry, by the lock, or as a hand-off wake
+    -- while the message it replaced may have stayed unacked with a dying worker."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    redelivered = delivery.get("redelivered") or header(request, "redelivered")
+    again = header(request, AGAIN_HEADER) or header(request, COPY_HEADER)
+    return bool(redelivered or again or request.retries)
+
+
+def _stores_results(task: Any) -> bool:
+    """A finished run of this task leaves a state to read (a backend, results kept)."""
+    return not task.ignore_result and not isinstance(task.backend, DisabledBackend)
 
 
 def _stored_state(task: Any) -> Optional[str]:

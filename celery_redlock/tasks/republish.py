@@ -13,9 +13,11 @@ copy stored meanwhile, and the task never looks finished::
 
 So RETRY is stored *before* the copy is published (nothing can have finished yet),
 and the delivery ends with ``Ignore``, which stores nothing and acks the message.
-Celery's own ``self.retry()`` is untouched.
+Celery's own ``self.retry()`` is untouched. The copy carries ``AGAIN_HEADER``: if
+this delivery's ack is lost (its worker dies first), the broker hands it out again
+beside the copy, and whichever runs second finds the task finished (redelivery.py).
 
-Imports Celery only; never task.py.
+Imports headers.py and Celery; never task.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import logging
 from typing import Any, Optional
 
 from celery.exceptions import Ignore
+
+from .headers import AGAIN_HEADER
 
 __all__ = ["copy_signature", "publish_again"]
 
@@ -49,7 +53,7 @@ def publish_again(
     ``Ignore`` that ends this delivery (``why``: the worker's "ignored" line)."""
     if shown is not None:
         _store_retry(task, shown)
-    signature.apply_async(countdown=countdown, headers=headers)
+    signature.apply_async(countdown=countdown, headers={**headers, AGAIN_HEADER: 1})
     return Ignore(why)
 
 

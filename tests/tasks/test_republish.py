@@ -157,3 +157,43 @@ def test_a_copy_meeting_its_own_run_is_dropped_once_that_run_stored_its_result(
     assert copy.get(timeout=HANG_GUARD) == "the first run's"
     assert tasks["runs"] == []
     assert [c["action"] for c in recorder.of("lock_contended")] == ["wait"]
+
+
+@pytest.mark.parametrize("mark", ["redelivered", "retry"])
+def test_a_copy_of_a_finished_task_handed_out_again_is_dropped(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder, mark: str
+) -> None:
+    # A worker dies after the body returned but before its late ack left (a green
+    # pool sends acks from its loop), or between publishing a retry copy and acking
+    # the message it retried: the broker hands the message out again later, marked
+    # redelivered (a retry carries its count), and it meets no lease. Holding the
+    # lease, it reads the stored state: the task finished, so its body does not run twice.
+    task, task_id = tasks["retry"], f"finished-{mark}"
+    assert task.apply_async(kwargs={"tag": mark}, task_id=task_id).get(HANG_GUARD) == "ran"
+    marked = {"headers": {"redelivered": True}} if mark == "redelivered" else {"retries": 1}
+    again = task.apply_async(kwargs={"tag": mark}, task_id=task_id, **marked)
+    with recorder.lock:
+
+        def ended() -> list[Any]:
+            return [e for e in recorder.of("task_postrun") if e["task_id"] == task_id]
+
+        assert recorder.lock.wait_for(lambda: len(ended()) == 2, HANG_GUARD)
+    assert tasks["runs"] == [task_id]
+    assert again.get(timeout=HANG_GUARD) == "ran" and again.state == "SUCCESS"
+
+
+def test_an_unmarked_copy_of_a_finished_task_id_runs_again(
+    worker: Any, tasks: dict[str, Any], recorder: Recorder
+) -> None:
+    # Only a copy that says it may be a second one reads the stored state: a new
+    # message that reuses a task id on purpose is the caller's to run.
+    task, task_id = tasks["retry"], "finished-unmarked"
+    assert task.apply_async(kwargs={"tag": "u"}, task_id=task_id).get(HANG_GUARD) == "ran"
+    task.apply_async(kwargs={"tag": "u"}, task_id=task_id)
+    with recorder.lock:
+
+        def ended() -> list[Any]:
+            return [e for e in recorder.of("task_postrun") if e["task_id"] == task_id]
+
+        assert recorder.lock.wait_for(lambda: len(ended()) == 2, HANG_GUARD)
+    assert tasks["runs"] == [task_id, task_id]
