@@ -22,11 +22,11 @@ from celery_redlock.testing.containers.fixtures import (  # noqa: F401 (fixtures
     celery_worker_cluster,
     default_redis_backend,
     default_redis_broker,
+    docker_client,
     redlock_beat_factory,
     redlock_container_starter,
     redlock_containers,
     redlock_containers_missing,
-    redlock_docker_client,
     redlock_node_cluster,
     redlock_node_count,
     redlock_worker_app,
@@ -47,13 +47,11 @@ BEAT_SCHEDULE = {"tick": {"task": "containers.tick", "schedule": 1.0}}
 @pytest.fixture
 def observer(
     redlock_containers: None,  # noqa: F811 (the fixture imported above)
-    redlock_docker_client: Any,  # noqa: F811
+    docker_client: Any,  # noqa: F811
     default_pytest_celery_network: Any,
 ) -> Iterator[RedisNodeContainer]:
     """A Redis container the lock never sees: the task bodies report there."""
-    container = nodes.start(
-        redlock_docker_client, RedisNodeContainer, default_pytest_celery_network.name
-    )
+    container = nodes.start(docker_client, RedisNodeContainer, default_pytest_celery_network.name)
     try:
         yield container
     finally:

@@ -53,11 +53,11 @@ try:
     from .fixtures import celery_worker_cluster as celery_worker_cluster
     from .fixtures import default_redis_backend as default_redis_backend
     from .fixtures import default_redis_broker as default_redis_broker
+    from .fixtures import docker_client as docker_client
     from .fixtures import redlock_beat_factory as redlock_beat_factory
     from .fixtures import redlock_container_starter as redlock_container_starter
     from .fixtures import redlock_containers as redlock_containers
     from .fixtures import redlock_containers_missing as redlock_containers_missing
-    from .fixtures import redlock_docker_client as redlock_docker_client
     from .fixtures import redlock_node_cluster as redlock_node_cluster
     from .fixtures import redlock_node_count as redlock_node_count
     from .fixtures import redlock_worker_app as redlock_worker_app

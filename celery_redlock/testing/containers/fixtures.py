@@ -45,13 +45,17 @@ def redlock_containers_missing() -> Optional[str]:
     return missing_for_containers()
 
 
+def _unless_missing(reason: Optional[str]) -> None:
+    if reason is not None:
+        if required():
+            pytest.fail(f"container tests required, but {reason}")
+        pytest.skip(reason)
+
+
 @pytest.fixture
 def redlock_containers(redlock_containers_missing: Optional[str]) -> Iterator[None]:
     """Skip (or, required, fail) without Docker; restore Celery's current app after."""
-    if redlock_containers_missing is not None:
-        if required():
-            pytest.fail(f"container tests required, but {redlock_containers_missing}")
-        pytest.skip(redlock_containers_missing)
+    _unless_missing(redlock_containers_missing)
     previous = get_current_app()
     try:
         yield
@@ -60,12 +64,11 @@ def redlock_containers(redlock_containers_missing: Optional[str]) -> Iterator[No
 
 
 @pytest.fixture(scope="session")
-def redlock_docker_client(redlock_containers_missing: Optional[str]) -> Iterator[Any]:
-    """A Docker client for the session (None where Docker is missing: the tests skip
-    in ``redlock_containers`` first)."""
-    if redlock_containers_missing is not None:
-        yield None
-        return
+def docker_client(redlock_containers_missing: Optional[str]) -> Iterator[Any]:
+    """pytest-docker-tools' Docker client, once Docker is known to be there: its own
+    connects when made, and a session fixture is made before any function fixture
+    could skip the test, so without a daemon every test would error instead."""
+    _unless_missing(redlock_containers_missing)
     import docker
 
     client = docker.from_env()
@@ -85,19 +88,19 @@ def _redis(client: Any, network: Any) -> Iterator[RedisNodeContainer]:
 
 @pytest.fixture
 def default_redis_broker(
-    redlock_containers: None, redlock_docker_client: Any, default_pytest_celery_network: Any
+    redlock_containers: None, docker_client: Any, default_pytest_celery_network: Any
 ) -> Iterator[RedisNodeContainer]:
     """pytest-celery's Redis broker as a local ``redis:7`` (its default pulls
     ``redis:latest``), reached from the test process where the tests run."""
-    yield from _redis(redlock_docker_client, default_pytest_celery_network)
+    yield from _redis(docker_client, default_pytest_celery_network)
 
 
 @pytest.fixture
 def default_redis_backend(
-    redlock_containers: None, redlock_docker_client: Any, default_pytest_celery_network: Any
+    redlock_containers: None, docker_client: Any, default_pytest_celery_network: Any
 ) -> Iterator[RedisNodeContainer]:
     """pytest-celery's Redis result backend, as ``default_redis_broker``."""
-    yield from _redis(redlock_docker_client, default_pytest_celery_network)
+    yield from _redis(docker_client, default_pytest_celery_network)
 
 
 @pytest.fixture
@@ -122,13 +125,13 @@ def redlock_node_count() -> int:
 @pytest.fixture
 def redlock_node_cluster(
     redlock_containers: None,
-    redlock_docker_client: Any,
+    docker_client: Any,
     default_pytest_celery_network: Any,
     redlock_node_count: int,
 ) -> Iterator[RedlockNodeCluster]:
     """``redlock_node_count`` lock-node containers on the test's network."""
     cluster = nodes.start_cluster(
-        redlock_docker_client, redlock_node_count, default_pytest_celery_network.name
+        docker_client, redlock_node_count, default_pytest_celery_network.name
     )
     try:
         yield cluster
@@ -187,11 +190,9 @@ def celery_setup_app(
 
 
 @pytest.fixture(scope="session")
-def redlock_worker_image(redlock_docker_client: Any) -> Optional[str]:
+def redlock_worker_image(docker_client: Any) -> str:
     """The worker image's tag (built once a session when missing)."""
-    if redlock_docker_client is None:
-        return None
-    return workers.build_worker_image(redlock_docker_client)
+    return workers.build_worker_image(docker_client)
 
 
 def _removing(containers: list[Any]) -> None:
@@ -208,7 +209,7 @@ def _removing(containers: list[Any]) -> None:
 @pytest.fixture
 def redlock_container_starter(
     redlock_containers: None,
-    redlock_docker_client: Any,
+    docker_client: Any,
     default_pytest_celery_network: Any,
     redlock_worker_image: str,
     redlock_worker_app: Celery,
@@ -225,7 +226,7 @@ def redlock_container_starter(
 
     def start(cls: type[Any], command: list[str]) -> Any:
         container = workers.start(
-            redlock_docker_client,
+            docker_client,
             cls,
             redlock_worker_image,
             command,
