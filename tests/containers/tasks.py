@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import socket
 import time
+from functools import partial
 from typing import Any
 
 import redis
-from celery import shared_task
+from celery._state import connect_on_app_finalize
 
 from celery_redlock import RedlockTask
 
@@ -63,22 +64,34 @@ def _tick(self: Any) -> None:
     observer(self).rpush("ticks", f"{tick} {self.request.id}")
 
 
-# Not decorator syntax: Celery's shared_task is untyped.
-hold = shared_task(
-    bind=True,
-    base=RedlockTask,
-    name="containers.hold",
-    redlock_key="hold:{tag}",
-    redlock_ttl=10.0,
-    redlock_on_contended="retry",
-)(_hold)
-late = shared_task(
-    bind=True,
-    base=RedlockTask,
-    name="containers.late",
-    acks_late=True,
-    redlock_key="late:{job}",
-    redlock_ttl=3.0,
-    redlock_on_contended="retry",
-)(_late)
-tick = shared_task(bind=True, name="containers.tick", ignore_result=True)(_tick)
+#: The app of the worker containers (the kit's ``redlock_worker_app``): only it gets
+#: these tasks. ``shared_task`` would add them to every app the test session makes.
+WORKER_APP = "redlock_worker_app"
+
+
+def _register(app: Any) -> None:
+    if app.main != WORKER_APP:
+        return
+    # Not decorator syntax: Celery's app.task is untyped.
+    task = partial(app.task, bind=True, shared=False)
+    task(
+        base=RedlockTask,
+        name="containers.hold",
+        redlock_key="hold:{tag}",
+        redlock_ttl=10.0,
+        redlock_on_contended="retry",
+    )(_hold)
+    task(
+        base=RedlockTask,
+        name="containers.late",
+        acks_late=True,
+        redlock_key="late:{job}",
+        redlock_ttl=3.0,
+        redlock_on_contended="retry",
+    )(_late)
+    task(name="containers.tick", ignore_result=True)(_tick)
+
+
+# The app is made after this module is imported (app.py imports the tasks first):
+# the tasks are added when it is finalized, as shared_task's are.
+connect_on_app_finalize(_register)

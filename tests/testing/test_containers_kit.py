@@ -93,7 +93,7 @@ def test_an_archive_has_the_folders_above_each_file() -> None:
 
 
 def test_the_app_in_a_container_has_the_test_apps_settings(tmp_path: Path) -> None:
-    app = Celery("settings_carried", set_as_current=False)
+    app = Celery(tasks.WORKER_APP, set_as_current=False)
     urls = ["redis://n1:6379/0", "redis://n2:6379/0", "redis://n3:6379/0"]
     app.conf.update(
         broker_url="redis://broker:6379/0",
@@ -112,11 +112,13 @@ def test_the_app_in_a_container_has_the_test_apps_settings(tmp_path: Path) -> No
         previous.set_current()
     carried = namespace["app"]
     assert isinstance(carried, Celery)
-    assert carried.main == "settings_carried"
+    assert carried.main == tasks.WORKER_APP
     assert carried.conf.redlock_nodes == urls
     assert carried.conf.broker_url == "redis://broker:6379/0"
     assert carried.conf.beat_schedule["tick"]["schedule"] == 1.0
-    assert "containers.hold" in carried.tasks
+    assert {"containers.hold", "containers.late", "containers.tick"} <= set(carried.tasks)
+    # Only the containers' app gets the tasks, not every app the session makes.
+    assert "containers.hold" not in Celery("another", set_as_current=False).tasks
 
 
 INNER = """
