@@ -15,6 +15,7 @@ left to remove but the container.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import tarfile
@@ -123,14 +124,29 @@ def image_tag(context: bytes) -> str:
 
 
 def build_worker_image(client: Any) -> str:
-    """The worker image's tag, built first when no image of that tag exists."""
+    """The worker image's tag, built first when no image of that tag exists; then
+    the images of earlier checkouts are removed, but for those a container still uses
+    (each edit of the package makes a new one)."""
     context = archive(image_context(checkout_root()))
     tag = image_tag(context)
     if not client.images.list(name=tag):
         client.images.build(
             fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True
         )
+        _remove_older(client, tag)
     return tag
+
+
+def _remove_older(client: Any, tag: str) -> None:
+    from docker.errors import APIError
+
+    repository = tag.partition(":")[0]
+    for image in client.images.list(name=repository):
+        for old in image.tags:
+            if old != tag:
+                # An image a container still uses (another session's) is kept.
+                with contextlib.suppress(APIError):
+                    client.images.remove(old)
 
 
 class RedlockWorkerContainer(CeleryWorkerContainer):  # type: ignore[misc]
