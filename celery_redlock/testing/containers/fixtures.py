@@ -5,8 +5,11 @@ Each fixture that needs Docker asks :func:`redlock_containers` first, which skip
 the test with the reason :func:`.probe.missing_for_containers` gives (or fails it,
 with ``REDLOCK_CONTAINERS_REQUIRED=1``), restores Celery's current app afterwards
 (pytest-celery's broker, backend and setup each make an app, and making one makes
-it current), and is torn down last. Everything started is removed after the test,
-volumes included.
+it current), and is torn down last. pytest-docker-tools' session ``docker_client``
+is replaced by one that asks the same question. Everything started is removed after
+the test, volumes included.
+
+Imports pytest, Celery, pytest-celery and the rest of this folder.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .probe import missing_for_containers, required
 
 #: ``make(name, pool="prefork", concurrency=2, *args)`` -> a ready worker container.
 WorkerFactory = Callable[..., CeleryTestWorker]
-#: ``make(name, *args)`` -> a ready ``celery beat -S redlock`` container.
+#: ``make(*args)`` -> a ready ``celery beat -S redlock`` container.
 BeatFactory = Callable[..., CeleryTestNode]
 
 
@@ -195,7 +198,7 @@ def redlock_worker_image(docker_client: Any) -> str:
     return workers.build_worker_image(docker_client)
 
 
-def _removing(containers: list[Any]) -> None:
+def _remove_all(containers: list[Any]) -> None:
     errors = []
     for container in reversed(containers):
         try:
@@ -240,7 +243,7 @@ def redlock_container_starter(
     try:
         yield start
     finally:
-        _removing(started)
+        _remove_all(started)
 
 
 @pytest.fixture
