@@ -118,7 +118,7 @@ def drop_if_finished_earlier(
     task: Any, key: str, options: TaskOptions, lease: Optional[Lease]
 ) -> None:
     """A copy that once met its own task id's lock, or says it may be a second copy
-    (redelivered, a retry), and has now won ``lease``: raise
+    (redelivered, a retry, published again), and has now won ``lease``: raise
     ``Ignore`` (the lease and queue place given back) when an earlier delivery stored
     a ready state; return to run the body (nothing finished, or nothing can tell)."""
     request = task.request
@@ -155,7 +155,8 @@ def _may_have_run_before(request: Any) -> bool:
 
 def _stores_results(task: Any) -> bool:
     """A finished run of this task leaves a state to read (a backend, results kept)."""
-    return not task.ignore_result and not isinstance(task.backend, DisabledBackend)
+    ignored = task.ignore_result or getattr(task.request, "ignore_result", False)
+    return not ignored and not isinstance(task.backend, DisabledBackend)
 
 
 def _stored_state(task: Any) -> Optional[str]:
