@@ -39,7 +39,7 @@ finished::
     t60  X handed out again (redelivered) to w2       w2 wins the lease, reads SUCCESS:
                                                       dropped, the body does not run twice
 
-Imports headers.py, limits.py, options.py, queue_once.py, republish.py, signals.py,
+Imports headers.py, limits.py, options.py, queue_once.py, republish.py, signals.py, skipped.py,
 the lock and Celery; never task.py.
 """
 
@@ -55,6 +55,7 @@ from celery.exceptions import Ignore
 
 from .. import signals
 from ..lock.redlock import Lease
+from ..skipped import is_replaced
 from . import queue_once
 from .headers import (
     AGAIN_HEADER,
@@ -127,12 +128,14 @@ def drop_if_finished_earlier(
     # A copy that waited for its own id's lease reads the state in any case (its
     # warning says when it cannot); one that only says it may be a second copy, only
     # where a finished run leaves a state.
-    maybe_second = _may_have_run_before(request) and _stores_results(task)
-    if not (header(request, EARLIER_RUN_HEADER) or maybe_second):
+    earlier_run = header(request, EARLIER_RUN_HEADER)
+    if not (earlier_run or (_may_have_run_before(request) and _stores_results(task))):
         return
-    state = _stored_state(task)
+    state, result = _stored_meta(task)
     if state not in states.READY_STATES:
         return
+    if not earlier_run and is_replaced(result):
+        return  # replaced in the queue, not run: replace.py ends it, naming its successor
     logger.warning(
         "task %s[%s] key %s: an earlier delivery of this task id already finished (%s) "
         "-> this copy is dropped",
@@ -159,13 +162,15 @@ def _stores_results(task: Any) -> bool:
     return not ignored and not isinstance(task.backend, DisabledBackend)
 
 
-def _stored_state(task: Any) -> Optional[str]:
+def _stored_meta(task: Any) -> tuple[Optional[str], Any]:
+    """The task id's stored state and result; (None, None) when none can be read."""
     request = task.request
     try:
-        return str(task.backend.get_state(request.id))
+        meta = task.backend.get_task_meta(request.id)
+        return str(meta.get("status")), meta.get("result")
     except Exception:  # no backend (NotImplementedError), or it is down: run
         logger.warning(
             "task %s[%s]: cannot read whether an earlier delivery finished; running it",
             task.name, request.id, exc_info=True,
         )  # fmt: skip
-        return None
+        return None, None

@@ -207,7 +207,11 @@ def test_a_rate_of_20_per_second_over_200_copies_holds_in_every_window(
     assert set(executed) == {r.id for r in results} - set(lost)
     # A killed body's task ran again: its first start was counted in the window too.
     # Otherwise each ran once: no countdown outlived the visibility timeout.
-    assert len(admitted) == len(began) == sum(executed.values()) >= 200 - len(lost)
+    assert len(began) == sum(executed.values()) >= 200 - len(lost)
+    # A whole gevent worker killed can take a copy between its admission and its body:
+    # admitted, never begun (it runs again, admitted again). The window is judged on
+    # every admission, those included.
+    assert len(admitted) == len(began) or (lossy and len(admitted) > len(began))
     if kind != "holder-killed":
         assert set(executed.values()) == {1}
     # Any window of one second: at most RATE starts admitted (noted by the worker
