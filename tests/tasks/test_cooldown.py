@@ -27,6 +27,9 @@ from tests.support.starts import Observer, observed_task
 
 #: Only guards against a hang.
 HANG_GUARD = 30.0
+#: The observer notes a body's entry, a thread switch or two after its admission: a
+#: first body entered late shortens the gap it opens by that much (1.4 ms seen in CI).
+ENTRY_SLACK = 0.01
 
 
 @pytest.fixture
@@ -59,7 +62,7 @@ def test_copies_inside_a_cooldown_are_skipped_with_its_end_then_the_next_runs(
         # another key has a cooldown of its own
         assert job.delay("b", n=5).get(timeout=HANG_GUARD) == 5
     starts = observer.starts("a")
-    assert len(starts) == 2 and _gaps(starts)[0] >= 2.0, _gaps(starts)
+    assert len(starts) == 2 and _gaps(starts)[0] >= 2.0 - ENTRY_SLACK, _gaps(starts)
 
 
 def test_a_retrying_copy_comes_back_when_the_cooldown_ends_spending_no_lock_retry(
@@ -75,7 +78,7 @@ def test_a_retrying_copy_comes_back_when_the_cooldown_ends_spending_no_lock_retr
         results = [job.delay("r", n=n) for n in range(3)]
         assert sorted(r.get(timeout=HANG_GUARD) for r in results) == [0, 1, 2]
     gaps = _gaps(observer.starts("r"))
-    assert len(gaps) == 2 and min(gaps) >= 1.0, gaps
+    assert len(gaps) == 2 and min(gaps) >= 1.0 - ENTRY_SLACK, gaps
     assert contended and {r["action"] for r in contended} == {"retry"}
     assert {r["limit"] for r in contended} == {"cooldown of 1s"}
     assert {r["attempt"] for r in contended} == {None}  # no lock retry spent

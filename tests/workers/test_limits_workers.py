@@ -126,9 +126,10 @@ def settle(
     ``lossy`` (a whole gevent worker SIGKILLed): kombu's Redis transport pops a
     message with BRPOP and records it as unacked only once the worker has read the
     reply, so a worker killed in between loses it -- no sweep can bring it back. A
-    task may then stay PENDING, but only one that no worker ever received (every
-    received message is in their logs). The wait ends early once the broker holds no
-    message at all, queued or unacked (a countdown waiting in a worker is unacked)."""
+    task may then stay PENDING (its first copy or one the lock published again): at
+    most one, the killed worker's one BRPOP in flight. The wait ends early once the
+    broker holds no message at all, queued or unacked (a countdown waiting in a worker
+    is unacked)."""
     if not lossy:
         wait_all(results, timeout=timeout)
         states = {r.id: r.state for r in results}
@@ -147,8 +148,7 @@ def settle(
             break
         assert time.monotonic() < deadline, f"{len(unfinished)} tasks not done in {timeout}s"
         time.sleep(0.5)
-    received = [w.lines(rf"\[({'|'.join(unfinished)})\] received") for w in workers]
-    assert not unfinished or not any(received), (unfinished, received)
+    assert len(unfinished) <= 1, unfinished
     return unfinished
 
 
@@ -175,7 +175,16 @@ def test_a_limit_of_3_over_40_copies_never_lets_a_fourth_in(
     assert most_at_once(spans) == limitsapp.LIMIT  # the permits were used, not only kept
     executed = runs(stack.observer, counter)
     assert set(executed) == {r.id for r in results} - set(lost)
-    assert sum(executed.values()) == 40 - len(lost) + len(killed)  # a killed body ran again
+    if lossy:
+        # Every body in the killed worker ran again, once; so may a task it finished
+        # just before the kill without its result stored yet. Nothing else twice.
+        dead = {w.pid for w in workers if not w.alive}
+        in_dead = {t for t, p, _ in starts(stack.observer, counter) if p in dead}
+        twice = {t: n for t, n in executed.items() if n > 1}
+        assert {s.task_id for s in killed} <= set(twice) <= in_dead
+        assert set(twice.values()) <= {2}, twice
+    else:
+        assert sum(executed.values()) == 40 + len(killed)  # a killed body ran again, once
     print(
         f"limit {limitsapp.LIMIT}, {pool.name} {pool.workers}x-c{pool.concurrency}, fault "
         f"{kind}: 40 tasks SUCCESS, most inside {most_at_once(spans)}, busy share of the "
