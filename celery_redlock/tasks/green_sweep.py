@@ -25,7 +25,8 @@ message once. A RedlockTask copy that comes back this way meets its dead run's l
 and waits it out (``redelivery.py``).
 
 Added to every app's consumer blueprint when a worker starts (``worker_init``), so
-importing ``celery_redlock`` is all it takes. Imports Celery and kombu only.
+importing ``celery_redlock`` is all it takes. Imports Celery only (kombu is reached
+through the consumer's connection).
 """
 
 from __future__ import annotations
