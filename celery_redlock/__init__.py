@@ -1,6 +1,6 @@
 """celery-redlock: mutually exclusive Celery tasks on a Redlock quorum of Redis masters.
 
-Public API only; see README.md for a guide.
+Public API only; see docs/ (the documentation site) for a guide.
 """
 
 from __future__ import annotations
