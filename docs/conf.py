@@ -52,3 +52,5 @@ autodoc_default_options = {"show-inheritance": True}
 
 html_theme = "furo"
 html_title = "celery-redlock"
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]
