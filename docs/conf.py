@@ -42,7 +42,12 @@ nitpick_ignore_regex = [
 intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
+# One parameter a line once a signature is longer than this.
+maximum_signature_line_length = 88
+# Defaults as written in the source (``clock=time.monotonic``), not their repr, which
+# for a function (``<built-in function monotonic>``) breaks the signature's parsing.
+autodoc_preserve_defaults = True
 # RedlockTask overrides some of Celery's Task methods; Celery's own docstrings refer to
 # labels of Celery's documentation, which this site does not have.
 autodoc_inherit_docstrings = False
