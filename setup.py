@@ -4,7 +4,7 @@ pure Python, as it always is by default. Everything else about the package is in
 pyproject.toml.
 
 The compiled wire runs the same code, with the same types checked at run time, in C:
-about a third less CPU per lock operation (README, "Compiled build"). It needs mypy
+about a third less CPU per lock operation (docs/operations/compiled.md). It needs mypy
 (which ships mypyc), the package's own dependencies (mypyc checks the types against
 redis-py's) and a C compiler where it is built::
 

@@ -9,7 +9,8 @@ Run from the repository root::
 One run starts 5 redis-server masters on free loopback ports
 (``celery_redlock.testing.RedisNodes``), measures every contender on them, tears
 them down, prints a Markdown report and writes ``bench/results/locks.json`` (machine,
-settings, every number) and ``bench/results/locks.md`` (the tables, for README).
+settings, every number) and ``bench/results/locks.md`` (the tables, which
+docs/benchmarks/locks.md includes).
 
 What is measured, all in the same run:
 

@@ -1,9 +1,9 @@
 """Scale tables: ``python -m bench scale [--quick]``.
 
 One command, every section on servers it starts itself, results in
-``bench/results/scale.json``, ``scale.md`` (the tables, for README) and ``scale.png``
-(one figure, matplotlib). ``--quick`` is a smoke run (under 2 minutes) that saves
-nothing unless ``--out`` is given.
+``bench/results/scale.json``, ``scale.md`` (the tables, included by
+docs/benchmarks/scale.md) and ``scale.png`` (one figure, matplotlib). ``--quick`` is
+a smoke run (under 2 minutes) that saves nothing unless ``--out`` is given.
 
 1. **Latency vs nodes** (1, 3, 5, 7, 9): non-blocking acquire + release of an
    uncontended key, p50/p95 µs: our Redlock on the first N of 9 masters beside the

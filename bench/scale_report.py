@@ -1,5 +1,6 @@
-"""The report of ``python -m bench scale``: Markdown tables (README's benchmark section)
-and one PNG figure (matplotlib, the ``bench`` extra, imported only to draw).
+"""The report of ``python -m bench scale``: Markdown tables (included by
+docs/benchmarks/scale.md) and one PNG figure (matplotlib, the ``bench`` extra, imported
+only to draw).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """celery-redlock: mutually exclusive Celery tasks on a Redlock quorum of Redis masters.
 
-Public API only; see README.md for a guide.
+Public API only; the guides are the documentation site's pages, in docs/.
 """
 
 from __future__ import annotations

@@ -50,14 +50,14 @@ back is sent as usual. Missed ticks are not caught up (Celery does not either).
 
 Settings (seconds; a scheduler subclass may set them as class attributes instead):
 ``redlock_beat_clock_skew`` and ``redlock_beat_claim_timeout`` (defaults and
-meaning in options.py and README). The lock nodes, key prefix and
+meaning in options.py and docs/guides/configuration.md). The lock nodes, key prefix and
 ``redlock_node_timeout`` are the app's ``redlock_*`` settings. At start, beat
 refuses with a ConfigurationError naming the entry an interval that is not
 positive or shorter than ``MIN_TTL`` (1 s), and a schedule whose next due time
 cannot be computed.
 
 How ticks are numbered is in ticks.py; this module claims and sends them. It talks
-to Redis only through :class:`~celery_redlock.redlock.Redlock`
+to Redis only through :class:`~celery_redlock.Redlock`
 (``config.app_config(app).redlock(...)``, and contention.py for split votes), and
 imports no task code.
 """

@@ -13,8 +13,9 @@ Each :class:`Option` row says the name, the default, the unit, the check
   doc, so ``help(RedlockTask)`` and IDEs list every option with its meaning; a
   task sets it like any class attribute (``@app.task(base=RedlockTask,
   redlock_ttl=60)``), which shadows it in the task's own class;
-- README's "## Configuration" table (:func:`readme_table`; tests/tasks/test_options.py
-  fails when README disagrees: paste the function's output to fix it).
+- the table of the configuration page, docs/guides/configuration.md
+  (:func:`configuration_table`; tests/tasks/test_options.py fails when the page
+  disagrees: paste the function's output to fix it).
 
 Scopes: ``app`` -- an app-wide setting in ``app.conf`` only; ``task`` -- an app-wide
 default in ``app.conf`` that a task may override; ``beat`` -- an app-wide setting or a
@@ -44,7 +45,7 @@ __all__ = [
     "check_replace",
     "check_setting_names",
     "check_task_names",
-    "readme_table",
+    "configuration_table",
     "task_options",
 ]
 
@@ -65,11 +66,11 @@ class Option:
     #: ``(name, raw value) -> checked value``; raises ConfigurationError naming it.
     check: Callable[[str, Any], Any]
     scope: Scope
-    #: What it is for (README's "meaning" column, the task attribute's doc).
+    #: What it is for (the configuration page's "meaning" column, the task attribute's doc).
     doc: str
     #: Unit of the value, shown after the default: "s" for seconds.
     unit: str = ""
-    #: README's default column, when the default needs words rather than a value.
+    #: The configuration page's default column, when the default needs words rather than a value.
     default_doc: Optional[str] = None
 
     @property
@@ -455,8 +456,8 @@ def _default_cell(option: Option) -> str:
     return f"{shown} {option.unit}" if option.unit else shown
 
 
-def readme_table() -> str:
-    """README's "## Configuration" table, one row per option."""
+def configuration_table() -> str:
+    """The configuration page's table (docs/guides/configuration.md), one row per option."""
     rows = ["| setting / task option | default | meaning |", "|---|---|---|"]
     for option in OPTIONS:
         scope = "" if option.scope == "task" else f" ({option.scope})"

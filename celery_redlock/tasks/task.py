@@ -129,8 +129,8 @@ class RedlockTask(Task):  # type: ignore[misc]
     """A Celery task that holds a Redlock, keyed on its arguments, while it runs.
 
     Every ``redlock_*`` option (options.TASK_OPTIONS, each documented on its class
-    attribute and in README) defaults to the app-wide setting of the same name; set it
-    per task with ``@app.task(base=RedlockTask, ...)``.
+    attribute and in docs/guides/configuration.md) defaults to the app-wide setting
+    of the same name; set it per task with ``@app.task(base=RedlockTask, ...)``.
     """
 
     # -- what the task body sees ------------------------------------------------------

@@ -32,7 +32,7 @@ TTL = 2.0
 
 #: Prefetch: a gevent worker's consumer raises its prefetch for each countdown it
 #: holds only between two reads of the broker (up to 2 s apart), so a low one
-#: starves it of the copies that come back (README, "Limits, rates and cooldowns").
+#: starves it of the copies that come back (docs/guides/limits.md).
 PREFETCH = 4
 #: Seconds an unacked message stays invisible. A copy over the rate waits at most
 #: half of it for its turn (tasks/limits.py), so the 10 s backlog of the rate test

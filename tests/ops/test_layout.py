@@ -1,4 +1,4 @@
-"""The package's rooms and which may import which (README: "How the code is laid out").
+"""The package's rooms and which may import which (docs/development/layout.md).
 
 Read from the source with ``ast``, so a lazy import inside a function counts too: an
 import cycle hidden that way is still a cycle.
@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "celery_redlock"
 
 #: The map of the house: each room (a folder, or a public module at the top) and the
 #: rooms it may reach, directly or through other modules. Every module falls in one
-#: room; a room missing here fails ``test_every_module_has_a_room``. README's "How the
-#: code is laid out" shows this table (``test_readme_shows_the_map``).
+#: room; a room missing here fails ``test_every_module_has_a_room``. The layout page,
+#: docs/development/layout.md, shows this table (``test_layout_page_shows_the_map``).
 MAY_REACH: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "signals": frozenset(),
@@ -208,11 +208,10 @@ def test_sans_io_modules_have_no_sockets_and_no_clock(name: str) -> None:
     assert _third_party(_modules()[name]) & io == set()
 
 
-def test_readme_shows_the_map() -> None:
-    """README's room table says what MAY_REACH says, and its module table lists every
-    module of the package where it lives."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
+def test_layout_page_shows_the_map() -> None:
+    """The layout page's room table says what MAY_REACH says, and its module table lists
+    every module of the package where it lives."""
+    section = (PACKAGE.parent / "docs" / "development" / "layout.md").read_text()
     room_table = section.split("| room |", 1)[1].split("\n\n", 1)[0]
     rooms = {}
     for line in room_table.splitlines():
@@ -230,8 +229,8 @@ def test_readme_shows_the_map() -> None:
         for path in PACKAGE.rglob("*.py")
         if path.name != "__init__.py"
     }
-    assert files - listed == set(), "modules README does not list"
-    assert listed - files == set(), "README lists modules that do not exist"
+    assert files - listed == set(), "modules the layout page does not list"
+    assert listed - files == set(), "the layout page lists modules that do not exist"
 
 
 def test_no_module_outgrows_a_room() -> None:

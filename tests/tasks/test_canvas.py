@@ -14,7 +14,7 @@ lock held outside Celery ("elsewhere"):
   copy; a canvas member is sent anyway (its later steps wait for its own id), and it
   runs once the run-time lock lets it.
 
-README's "## Canvas" table states the same, case by case.
+The canvas guide's table (docs/guides/canvas.md) states the same, case by case.
 """
 
 from __future__ import annotations

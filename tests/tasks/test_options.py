@@ -1,6 +1,7 @@
 """The option table (celery_redlock/options.py) is the one declaration of every
-setting and task option: README's table, TaskOptions, the defaults and the task
-class attributes must all agree with it, and settings are refused when validated."""
+setting and task option: the configuration page's table (docs/guides/configuration.md),
+TaskOptions, the defaults and the task class attributes must all agree with it, and
+settings are refused when validated."""
 
 from __future__ import annotations
 
@@ -12,27 +13,26 @@ from celery import Celery
 
 from celery_redlock import ConfigurationError, RedlockTask
 from celery_redlock.tasks.config import DEFAULTS, TASK_OPTIONS, TaskOptions, app_config
-from celery_redlock.tasks.options import OPTIONS, TaskAttribute, readme_table
+from celery_redlock.tasks.options import OPTIONS, TaskAttribute, configuration_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_PAGE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "configuration.md"
 
 
-def readme_configuration_table() -> list[str]:
-    """The first table under README's "## Configuration" heading, line by line."""
-    section = README.read_text(encoding="utf-8").split("\n## Configuration\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    lines = section.splitlines()
+def page_configuration_table() -> list[str]:
+    """The first table of the configuration page, line by line."""
+    lines = CONFIGURATION_PAGE.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return lines[start:end]
 
 
-def test_readme_configuration_table_matches_the_option_table() -> None:
-    expected = readme_table().splitlines()
-    assert readme_configuration_table() == expected, (
-        "README's configuration table disagrees with celery_redlock/options.py; "
+def test_configuration_page_table_matches_the_option_table() -> None:
+    expected = configuration_table().splitlines()
+    assert page_configuration_table() == expected, (
+        "docs/guides/configuration.md's table disagrees with celery_redlock/tasks/options.py; "
         "replace it with the output of: python -c "
-        "'from celery_redlock.tasks.options import readme_table; print(readme_table())'"
+        "'from celery_redlock.tasks.options import configuration_table; "
+        "print(configuration_table())'"
     )
 
 

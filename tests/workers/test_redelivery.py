@@ -6,7 +6,7 @@ bodies report to (occupancy, executions per task id, monotonic intervals): safet
 judged from the observer and from the lock nodes themselves, never from the lock's
 own word. The workers are shared by the module; each test uses its own lock key.
 
-Rows (README, "What happens to the lock when..."):
+Rows (docs/guides/contention.md, "What happens to the lock when..."):
 
 - redelivered while the first run still holds the lock (visibility timeout, same
   task id): the copy waits for that run in every mode and is dropped once it has

@@ -55,8 +55,8 @@ class RedisNodeContainer(RedisContainer):  # type: ignore[misc]
 
 
 class RedlockNodeContainer(RedisNodeContainer):
-    """One lock node: AOF fsynced on every write and no eviction, as README's safety
-    notes ask (a lock key evicted or lost in a restart breaks mutual exclusion)."""
+    """One lock node: AOF fsynced on every write and no eviction, as the safety
+    notes (SAFETY.md) ask (a lock key evicted or lost in a restart breaks mutual exclusion)."""
 
     @classmethod
     def command(cls, *args: str, **kwargs: Any) -> list[str]:
