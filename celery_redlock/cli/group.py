@@ -332,7 +332,10 @@ def doctor(ctx: click.Context, textfile: Optional[str], timeout: float, as_json:
     except ConfigurationError as exc:
         document = configuration_error_document(str(exc))
     if textfile is not None:
-        write_textfile(document, textfile)
+        try:
+            write_textfile(document, textfile)
+        except ImportError as exc:
+            raise click.ClickException(str(exc)) from exc
     if as_json:
         print_json(ctx, document)
     else:

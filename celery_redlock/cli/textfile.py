@@ -9,12 +9,12 @@ see (lock keys without a TTL, a node that became a replica, a quorum out of reac
 and the alert rules in ``monitoring/prometheus/`` can page on it. The file is
 replaced in one rename, so the collector never reads half of it.
 
-Pure apart from the write; imports checks.py (the statuses) only.
+Imports checks.py (the statuses), and prometheus_client (the ``prometheus`` extra)
+to write.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -66,47 +66,29 @@ def _add_checks(into: dict[tuple[str, str], int], node: str, checks: Iterable[An
         into[where] = max(into.get(where, 0), RANK[check["status"]])
 
 
-def render(samples: Sequence[Sample]) -> str:
-    """The text exposition format: each metric's HELP and TYPE, then its samples."""
-    lines = []
-    for name, help_text in METRICS.items():
-        lines += [f"# HELP {name} {_escape_help(help_text)}", f"# TYPE {name} gauge"]
-        for sample_name, labels, value in samples:
-            if sample_name == name:
-                lines.append(f"{name}{_labels(labels)} {_number(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _number(value: float) -> str:
-    # repr keeps every digit of a Unix time; whole numbers print without ".0".
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
-    return "{" + pairs + "}"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(value: str) -> str:
-    return _escape_help(value).replace('"', '\\"')
-
-
 def write_textfile(document: dict[str, Any], path: str) -> None:
-    """Write ``document``'s samples to ``path``, replacing it in one rename (a
-    collector reading meanwhile sees the old file or the new, never a part)."""
-    text = render(doctor_samples(document))
-    partial = f"{path}.{os.getpid()}.tmp"  # same directory: the rename stays atomic
+    """Write ``document``'s samples to ``path`` with prometheus_client's
+    ``write_to_textfile``, which replaces the file in one rename (a collector reading
+    meanwhile sees the old file or the new, never a part)."""
     try:
-        with open(partial, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise
+        from prometheus_client import write_to_textfile
+    except ImportError as exc:
+        raise ImportError(
+            "doctor --textfile needs prometheus-client: pip install 'celery-redlock[prometheus]'"
+        ) from exc
+    write_to_textfile(path, registry_of(doctor_samples(document)))
+
+
+def registry_of(samples: Sequence[Sample]) -> Any:
+    """A prometheus_client registry holding ``samples`` as gauges (every gauge of
+    :data:`METRICS`, an empty one too)."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    for name, help_text in METRICS.items():
+        mine = [(labels, value) for sample, labels, value in samples if sample == name]
+        names = sorted({label for labels, _ in mine for label in labels})
+        gauge = Gauge(name, help_text, names, registry=registry)
+        for labels, value in mine:
+            (gauge.labels(**labels) if names else gauge).set(value)
+    return registry

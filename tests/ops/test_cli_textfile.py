@@ -4,9 +4,12 @@ the verdicts as Prometheus gauges, read back with prometheus_client's own parser
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
+import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_redlock.cli.checks import ERROR, OK, RANK, WARNING
@@ -18,7 +21,7 @@ from celery_redlock.cli.textfile import (
     METRICS,
     STATUS,
     doctor_samples,
-    render,
+    registry_of,
 )
 from celery_redlock.testing import RedisNodes, RedisNodesFactory, RedisServer
 from tests.support.cli import invoke, run_celery
@@ -107,12 +110,11 @@ def test_doctor_reports_the_loss_of_quorum_and_no_key_count_for_unreachable_node
 
 
 def test_invalid_settings_are_one_failed_configuration_check() -> None:
-    text = render(doctor_samples(configuration_error_document("no nodes"), now=1700000000.5))
-    gauges = read_gauges(text)
+    samples = doctor_samples(configuration_error_document("no nodes"), now=1700000000.5)
+    gauges = read_gauges(generate_latest(registry_of(samples)).decode())
     assert gauges[STATUS] == {(): RANK[ERROR]}
     assert gauges[CHECK_STATUS] == {across_nodes("configuration"): RANK[ERROR]}
     assert gauges[LAST_RUN] == {(): 1700000000.5}
-    assert f"{LAST_RUN} 1700000000.5\n" in text  # every digit of the Unix time
 
 
 def test_a_check_named_twice_for_one_node_is_one_series_at_its_worst() -> None:
@@ -133,8 +135,20 @@ def test_a_check_named_twice_for_one_node_is_one_series_at_its_worst() -> None:
             {"check": "distinct-servers", "status": OK},
         ],
     }
-    gauges = read_gauges(render(doctor_samples(document, now=0)))
+    gauges = read_gauges(generate_latest(registry_of(doctor_samples(document, now=0))).decode())
     assert gauges[CHECK_STATUS] == {
         (("check", "reachable"), ("node", node)): RANK[OK],
         across_nodes("distinct-servers"): RANK[ERROR],
     }
+
+
+def test_without_prometheus_client_the_textfile_is_refused_naming_the_extra(
+    module_nodes: RedisNodes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    path = tmp_path / "celery_redlock.prom"
+    result = invoke(module_nodes.urls, "doctor", "--textfile", str(path))
+    assert result.exit_code == 1, result.output
+    assert "doctor --textfile needs prometheus-client" in result.output
+    assert "celery-redlock[prometheus]" in result.output
+    assert not path.exists()
