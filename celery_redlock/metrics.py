@@ -240,6 +240,10 @@ class RedlockMetrics:
             self.acquire_seconds.labels(task).observe(elapsed)
         if lease is None:
             return
+        # This task's renewal and loss series exist from its first lease on, at 0: a
+        # first loss is then a rise an alert's increase() sees, not a new series.
+        self.extended_total.labels(task)
+        self.lost_total.labels(task)
         lease_id = id(lease)
         with self._counted_lock:
             if lease_id in self._counted:

@@ -3,7 +3,7 @@
 Celery finds the ``redlock`` click group through the ``celery.commands`` entry point;
 every command reads the app's ``redlock_*`` settings (config.py)::
 
-    celery -A proj redlock doctor [--json] [--timeout S]
+    celery -A proj redlock doctor [--json] [--textfile PATH] [--timeout S]
     celery -A proj redlock ls [--pattern GLOB] [--limit N] [--json] [--timeout S]
     celery -A proj redlock show KEY [--json] [--timeout S]
     celery -A proj redlock release KEY --token TOKEN [--json] [--timeout S]
@@ -43,7 +43,8 @@ The package, one room per concern (each module's docstring says what it may impo
 - ``listing`` (ls), ``holders`` (show), ``permits`` (a key's limit or rate, for
   both) and ``release``: the libraries of the lock commands.
 - ``doctor`` (``run_doctor``), ``facts`` (``inspect_node``), ``checks`` (``check_*``):
-  doctor as a library, usable without click.
+  doctor as a library, usable without click; ``textfile``: its verdicts as
+  Prometheus gauges (``doctor --textfile``).
 - ``common``: all nodes at once under one deadline; keys and stored values.
 """
 

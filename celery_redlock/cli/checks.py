@@ -21,7 +21,8 @@ from .facts import NodeFacts
 OK = "OK"
 WARNING = "WARNING"
 ERROR = "ERROR"
-_RANK = {OK: 0, WARNING: 1, ERROR: 2}
+#: Each status by severity (also the value doctor's Prometheus gauges report).
+RANK = {OK: 0, WARNING: 1, ERROR: 2}
 
 #: Redis TIME this far from local time (seconds) earns a WARNING.
 CLOCK_OFFSET_WARNING = 0.5
@@ -59,7 +60,7 @@ class Check:
 
 def worst(checks: Sequence[Check]) -> str:
     """The most severe status among ``checks`` (OK when there are none)."""
-    return max((c.status for c in checks), key=_RANK.__getitem__, default=OK)
+    return max((c.status for c in checks), key=RANK.__getitem__, default=OK)
 
 
 # -- one node ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .printing import (
     print_show,
 )
 from .release import DELETED, delete_permits_on_each_node, release_on_each_node
+from .textfile import write_textfile
 
 
 @click.command(name="ls", cls=CeleryCommand)
@@ -297,10 +298,19 @@ def release(
 
 
 @click.command(name="doctor", cls=CeleryCommand)
+@click.option(
+    "--textfile",
+    cls=CeleryOption,
+    metavar="PATH",
+    type=click.Path(dir_okay=False, writable=True),
+    help_group="Output Options",
+    help="Also write the verdicts as Prometheus gauges to PATH (a *.prom file in "
+    "node_exporter's textfile collector directory), replaced atomically.",
+)
 @timeout_option
 @json_option
 @click.pass_context
-def doctor(ctx: click.Context, timeout: float, as_json: bool) -> None:
+def doctor(ctx: click.Context, textfile: Optional[str], timeout: float, as_json: bool) -> None:
     """Check the lock nodes for settings that break Redlock's safety.
 
     Per node: reachable, round trip, server and version (Redis or Valkey), role (a
@@ -312,11 +322,20 @@ def doctor(ctx: click.Context, timeout: float, as_json: bool) -> None:
     split more often), and a rate's period lengthens the delayed restart (a WARNING
     when it outlasts the lock TTL without appendfsync always). Exits 1 on any ERROR,
     else 0.
+
+    With --textfile PATH the same verdicts are also written as Prometheus gauges, for
+    node_exporter's textfile collector (run doctor from cron; docs/operations/alerts.md
+    has the alert rules that read them).
     """
     try:
         document = run_doctor(app_config(ctx.obj.app), timeout)
     except ConfigurationError as exc:
         document = configuration_error_document(str(exc))
+    if textfile is not None:
+        try:
+            write_textfile(document, textfile)
+        except ImportError as exc:
+            raise click.ClickException(str(exc)) from exc
     if as_json:
         print_json(ctx, document)
     else:

@@ -195,6 +195,10 @@ def test_a_run_is_timed_and_counted_as_held_only_while_it_runs(
     released_within = time.monotonic() - sent
     assert _value(registry, "celery_redlock_held", task="m.hold") == 0
     assert _value(registry, "celery_redlock_acquire_seconds_count", task="m.hold") == 1
+    # Its renewal and loss series exist from its first lease, at 0 (an alert's
+    # increase() then sees a first loss).
+    assert registry.get_sample_value("celery_redlock_lost_total", {"task": "m.hold"}) == 0
+    assert registry.get_sample_value("celery_redlock_extended_total", {"task": "m.hold"}) == 0
     acquired_in = _value(registry, "celery_redlock_acquire_seconds_sum", task="m.hold")
     held_for = _value(registry, "celery_redlock_hold_seconds_sum", task="m.hold")
     # Both after the send and before the release was seen, one after the other.
