@@ -8,7 +8,7 @@ about a third less CPU per lock operation (docs/operations/compiled.md). It need
 (which ships mypyc), the package's own dependencies (mypyc checks the types against
 redis-py's) and a C compiler where it is built::
 
-    pip install mypy setuptools wheel 'redis>=4.6'
+    pip install mypy 'setuptools>=77' wheel 'redis>=4.6'
     export CELERY_REDLOCK_COMPILE=1
     pip install --no-build-isolation --no-binary celery-redlock celery-redlock
 
@@ -46,7 +46,7 @@ def ext_modules() -> list[object]:
     except ImportError:
         raise SystemExit(
             f"{COMPILE_ENV}=1 needs mypyc where the package is built: pip install mypy "
-            "setuptools wheel 'redis>=4.6', then build with --no-build-isolation"
+            "'setuptools>=77' wheel 'redis>=4.6', then build with --no-build-isolation"
         ) from None
     # Only the compiled modules' own type errors stop the build (the rest of the
     # package is checked by the project's mypy run, with Celery installed).

@@ -42,6 +42,7 @@ __all__ = [
     "signals",
 ]
 
+# The one place the version is written: pyproject.toml reads it.
 __version__ = "0.1.0"
 
 _moved.install()  # the module paths of 0.1 (celery_redlock.task, ...) still import

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import celery_redlock
 from celery_redlock import wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def test_the_tests_here_run_on_the_pure_python_package() -> None:
 def test_unset_or_zero_builds_the_pure_python_package(value: str) -> None:
     done = setup_py(value)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "0.1.0"
+    assert done.stdout.strip().splitlines()[-1] == celery_redlock.__version__
 
 
 @pytest.mark.parametrize("value", ["yes", "true", "2"])
