@@ -37,7 +37,7 @@ PREFETCH = 4
 #: Seconds an unacked message stays invisible. A copy over the rate waits at most
 #: half of it for its turn (tasks/limits.py), so the 10 s backlog of the rate test
 #: comes back by turns, not capped.
-VISIBILITY_TIMEOUT = 60
+VISIBILITY_TIMEOUT = 30
 
 app = worker_app(
     "limitsapp", 0.05, 0.3, task_acks_late=True, task_reject_on_worker_lost=True,

@@ -44,6 +44,7 @@ from tools.modelcheck import (  # noqa: E402
     Scenario,
     check,
     check_all,
+    in_processes,
     scenarios,
 )
 from tools.modelcheck.__main__ import main  # noqa: E402
@@ -312,7 +313,8 @@ HANDOFF_CI = [h for h in handoff_scenarios() if not h.full_only]
 
 @pytest.fixture(scope="session")
 def handoff_results() -> dict[str, HandoffResult]:
-    return {h.name: check_handoff(h) for h in HANDOFF_CI}
+    results = in_processes(check_handoff, HANDOFF_CI, jobs=2)
+    return {r.scenario.name: r for r in results}
 
 
 @pytest.mark.parametrize(
@@ -467,7 +469,8 @@ from tools.modelcheck.beatsplit import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def beat_split_results() -> dict[str, BeatSplitResult]:
-    return {b.name: check_beat_split(b) for b in beat_split_scenarios() if not b.full_only}
+    selected = [b for b in beat_split_scenarios() if not b.full_only]
+    return dict(zip([b.name for b in selected], in_processes(check_beat_split, selected, jobs=2)))
 
 
 @pytest.mark.parametrize("name", ["beat-split-one-node-down", "beat-split-two-nodes-down"])
@@ -512,17 +515,10 @@ LIMIT_CI = {sc.name: sc for sc in limit_scenarios() if not sc.full_only}
 LIMIT_SAFE = [name for name, sc in LIMIT_CI.items() if sc.expect == "safe" and sc.leave]
 
 
-class _LimitResults(dict[str, LimitResult]):
-    """Each scenario explored when a test first asks for it (so each test pays for its own)."""
-
-    def __missing__(self, name: str) -> LimitResult:
-        self[name] = result = check_limits(LIMIT_CI[name])
-        return result
-
-
 @pytest.fixture(scope="module")
 def limit_results() -> dict[str, LimitResult]:
-    return _LimitResults()
+    """Every CI scenario of the limits explored once, two at a time."""
+    return dict(zip(LIMIT_CI, in_processes(check_limits, list(LIMIT_CI.values()), jobs=2)))
 
 
 @pytest.mark.parametrize("name", LIMIT_SAFE)

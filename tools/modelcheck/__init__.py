@@ -20,7 +20,7 @@ Standard library only; nothing here imports ``celery_redlock``, on purpose: the
 model is an independent statement of DESIGN.md's algorithm.
 """
 
-from .checker import BOUNDED, Result, check, check_all
+from .checker import BOUNDED, Result, check, check_all, in_processes
 from .model import FENCE_ORDER, MUTUAL_EXCLUSION, SAFE, VIOLATES, Model, Scenario, scenarios
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "Scenario",
     "check",
     "check_all",
+    "in_processes",
     "scenarios",
 ]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, TypeVar
 
 from .model import (
     ACQUIRE,
@@ -50,6 +50,9 @@ from .model import (
 BOUNDED = "bounded"
 
 Key = tuple[object, ...]
+
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 @dataclass
@@ -168,12 +171,19 @@ def check(scenario: Scenario) -> Result:
 
 def check_all(selected: Sequence[Scenario], jobs: int = 1) -> list[Result]:
     """``check`` every scenario, in up to ``jobs`` processes; results in order."""
+    return in_processes(check, selected, jobs)
+
+
+def in_processes(explore: Callable[[S], R], selected: Sequence[S], jobs: int) -> list[R]:
+    """``explore`` (a module-level function: it is pickled) over every scenario of any
+    model, in up to ``jobs`` processes; results in order. Explorations are CPU-bound
+    and independent: two cores explore two scenarios at once."""
     if jobs <= 1 or len(selected) <= 1:
-        return [check(sc) for sc in selected]
+        return [explore(sc) for sc in selected]
     # Spawned, not forked: the caller (pytest, say) may have threads running.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        return list(pool.map(check, selected))
+        return list(pool.map(explore, selected))
 
 
 def _path(parent: dict[Key, Optional[Key]], key: Key) -> list[Key]:
