@@ -60,14 +60,25 @@ RATE_SPREAD = 0.5
 
 
 def take_lease(
-    redlock: Redlock, key: str, options: TaskOptions, holder: str, patience: float
-) -> Optional[Lease]:
+    redlock: Redlock, key: str, options: TaskOptions, holder: str, patience: float,
+    wait: float = 0.0,
+) -> Optional[Lease]:  # fmt: skip
     """The run-time lease (None with ``redlock_limit="unlimited"``); raises
-    ``LockContended`` or ``QuorumUnavailable`` when not won. Retrying copies make
-    one attempt; skipping or failing ones make sure first (contention.py)."""
+    ``LockContended`` or ``QuorumUnavailable`` when not won. ``wait``
+    (``redlock_wait_timeout``): first wait up to that long for it here, woken the
+    moment it frees (the lock's blocking acquire). Then retrying copies make one
+    attempt; skipping or failing ones make sure first (contention.py)."""
     if options.limit == UNLIMITED:
         return None
     limit = int(options.limit)
+    if wait > 0:
+        try:
+            return redlock.try_acquire(
+                key, ttl=options.ttl, timeout=wait, holder=holder, limit=limit
+            )
+        except LockContended:
+            if options.on_contended == "retry":
+                raise  # waited its time: retried as any contended copy
     if options.on_contended == "retry":
         return redlock.try_acquire(key, ttl=options.ttl, blocking=False, holder=holder, limit=limit)
     # A loaded worker can stretch a round past node_timeout: an "outage" seen then is

@@ -175,6 +175,17 @@ OPTIONS: tuple[Option, ...] = (
         '"Results of a skipped copy") or `"fail"` (`LockContended`)',
     ),
     Option(
+        "redlock_wait_timeout",
+        0.0,
+        partial(validate.seconds, minimum=">= 0", wording=validate.SETTING),
+        "task",
+        "a copy that finds the lock taken (every permit, with a limit) first waits up to "
+        "this long inside the worker, holding its worker slot, and starts the moment the "
+        "lock frees; only then does it follow `redlock_on_contended`. 0: it does at once. "
+        "The wait counts toward the task's time limits",
+        unit="s",
+    ),
+    Option(
         "redlock_retry_backoff",
         1.0,
         _seconds,
@@ -330,6 +341,7 @@ class TaskOptions:
     rate: Optional[tuple[int, float]]
     cooldown: Optional[float]
     on_contended: str
+    wait_timeout: float
     retry_backoff: float
     retry_backoff_max: float
     max_retries: int

@@ -253,7 +253,9 @@ class RedlockTask(Task):  # type: ignore[misc]
         while True:  # more than one round only in eager mode, which waits inline
             try:
                 # Skipping or failing drops this copy: take_lease makes sure first.
-                lease = limits.take_lease(redlock, key, options, holder, SPLIT_VOTE_PATIENCE)
+                # Eager mode waits its own way (inline, for the holder's TTL).
+                wait = 0.0 if request.is_eager else options.wait_timeout
+                lease = limits.take_lease(redlock, key, options, holder, SPLIT_VOTE_PATIENCE, wait)
                 waiting.claim_copy(self, key, options, lease)  # Ignore: another copy ran
                 redelivery.drop_if_finished_earlier(self, key, options, lease)
                 limits.admit_start(self, key, options, redlock, holder, lease)

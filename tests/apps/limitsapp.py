@@ -79,6 +79,11 @@ def _task(name: str, template: str, **options: Any) -> Any:
 limited = _task("limited", "lim:{tag}", redlock_limit=LIMIT)
 #: N at a time, and a release runs the earliest waiting copy at once (hand-off).
 limited_handoff = _task("limited_handoff", "limh:{tag}", redlock_limit=LIMIT, redlock_handoff=True)
+#: N at a time, and a copy over the limit waits in its worker (up to 30 s) for a
+#: permit, starting the moment one frees.
+limited_waiting = _task(
+    "limited_waiting", "limw:{tag}", redlock_limit=LIMIT, redlock_wait_timeout=30
+)
 #: R starts per second, no limit on how many at once.
 rated = _task(
     "rated", "rate:{tag}", base=AdmittedTask, redlock_limit="unlimited",

@@ -126,6 +126,12 @@ SETTING_CASES = [
         ("redlock_on_queued must be one of 'return', 'raise'", "got 'ignore'"),
     ),
     SettingCase(
+        "wait-timeout-negative",
+        {"redlock_wait_timeout": -1},
+        True,
+        ("redlock_wait_timeout must be >= 0 seconds", "got -1"),
+    ),
+    SettingCase(
         "cooldown-zero",
         {"redlock_cooldown": 0},
         True,

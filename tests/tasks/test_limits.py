@@ -65,6 +65,54 @@ def test_bodies_longer_than_the_ttl_keep_their_permits(app: Celery, observer: Ob
     assert observer.most_inside("long") == 2
 
 
+def _wait_inside(observer: Observer, tag: str) -> None:
+    deadline = time.monotonic() + 30
+    while int(observer.client.get(f"in:{tag}") or 0) < 1:
+        assert time.monotonic() < deadline, f"no body of {tag} began"
+        time.sleep(0.01)
+
+
+def test_copies_with_a_wait_timeout_wait_in_the_worker_and_start_as_permits_free(
+    app: Celery, observer: Observer, contended: list[dict[str, Any]]
+) -> None:
+    # 6 copies, 2 permits, 6 worker threads: 4 copies wait in their threads and each
+    # starts when a permit frees -- none goes back through the broker.
+    job = observed_task(
+        app, observer, "l.wait", redlock_key="w:{tag}", redlock_limit=2,
+        redlock_wait_timeout=20,
+    )  # fmt: skip
+    with start_worker(app, pool="threads", concurrency=6, perform_ping_check=False):
+        results = [job.delay("w", 0.4, n) for n in range(6)]
+        assert _results(results, 60) == list(range(6))
+    assert observer.most_inside("w") == 2
+    assert contended == []
+    assert all(r.state == "SUCCESS" for r in results)
+
+
+def test_a_copy_whose_wait_timeout_runs_out_follows_its_contended_mode(
+    app: Celery, observer: Observer, contended: list[dict[str, Any]]
+) -> None:
+    skipping = observed_task(
+        app, observer, "l.wait_skip", redlock_key="ws:{tag}", redlock_wait_timeout=0.2,
+        redlock_on_contended="skip",
+    )  # fmt: skip
+    waiting = observed_task(
+        app, observer, "l.wait_long", redlock_key="wl:{tag}", redlock_wait_timeout=20,
+        redlock_on_contended="skip",
+    )  # fmt: skip
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+        first = skipping.delay("s", 1.5, 0)
+        _wait_inside(observer, "s")
+        short = _results([skipping.delay("s", 0.0, 1)], 30)[0]
+        held = waiting.delay("l", 0.5, 0)
+        _wait_inside(observer, "l")
+        long = _results([waiting.delay("l", 0.0, 1)], 30)[0]
+        assert _results([first, held], 30) == [0, 0]
+    assert is_skipped(short), short  # waited 0.2 s of the 1.5 s hold, then skipped
+    assert long == 1  # waited for the 0.5 s hold, then ran
+    assert len(contended) == 1 and contended[0]["action"] == "skip"
+
+
 def test_a_skipping_copy_over_the_limit_ends_skipped(app: Celery, observer: Observer) -> None:
     job = observed_task(
         app, observer, "l.skip", redlock_key="s:{tag}", redlock_limit=2,

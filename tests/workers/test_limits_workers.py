@@ -211,6 +211,32 @@ def test_a_limit_of_3_over_40_copies_never_lets_a_fourth_in(
     )
 
 
+@pytest.mark.parametrize("pool", POOLS)
+def test_copies_waiting_in_their_workers_take_each_freed_permit_at_once(
+    stack: Stack, launch: Launch, pool: Pool
+) -> None:
+    # redlock_wait_timeout: the copies over the limit wait in their worker slots (4
+    # prefork children or 10 greenlets a worker) and start when a permit frees,
+    # without a trip through the broker.
+    workers = launch("limitsapp", pool.workers, pool=pool.name, concurrency=pool.concurrency)
+    counter = "limit-waiting"
+    results = [
+        send(stack, "limited_waiting", tag="w", seconds=0.3, counter=counter) for _ in range(40)
+    ]
+    settle(stack, results, 180, workers, lossy=False)
+    spans = intervals(stack.observer, counter)
+    assert most_at_once(spans) == limitsapp.LIMIT
+    assert sum(runs(stack.observer, counter).values()) == 40
+    gaps = refill_gaps(spans)
+    print(
+        f"limit {limitsapp.LIMIT}, {pool.name} {pool.workers}x-c{pool.concurrency}, copies "
+        f"waiting in their workers: 40 tasks SUCCESS, most inside {most_at_once(spans)}, busy "
+        f"share of the permits {busy_share(spans, limitsapp.LIMIT):.0%}, a freed permit taken "
+        f"again in {median(gaps):.0f} ms (p90 {quantiles(gaps, n=10)[-1]:.0f} ms), "
+        f"{sum(len(w.lines(r'lock contended: ')) for w in workers)} contended retries"
+    )
+
+
 @pytest.mark.parametrize(
     ("pool", "kind"),
     [
