@@ -1,5 +1,5 @@
 """What a release is made of: one version, which the installed package's metadata
-reads, and a changelog with a section for it (README, "Releases")."""
+reads, and a changelog with a section for it (docs/getting-started/releases.md)."""
 
 from __future__ import annotations
 
