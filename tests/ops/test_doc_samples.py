@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from celery import Celery
+from celery import Celery, _state
 from celery.contrib.testing.worker import start_worker
 
 from celery_redlock import RedlockTask
@@ -88,6 +88,19 @@ def with_servers(source: str, nodes: RedisNodes, broker: RedisServer) -> str:
 
 
 @pytest.fixture
+def celery_state() -> Iterator[None]:
+    """What a page does to Celery's process-wide state stays on the page: a sample's
+    ``Celery(...)`` becomes the current app, and its ``app.task`` / ``shared_task``
+    (shared by default) would be added to every app finalized later in the session."""
+    finalizers = set(_state._on_app_finalizers)
+    current = _state.get_current_app()
+    yield
+    _state._on_app_finalizers.clear()
+    _state._on_app_finalizers.update(finalizers)
+    _state._set_current_app(current)
+
+
+@pytest.fixture
 def page_app(redis_nodes: RedisNodes, broker: RedisServer) -> Iterator[Celery]:
     app = Celery("proj", broker=f"{broker.url}", backend=f"{broker.url.rsplit('/', 1)[0]}/1")
     app.conf.redlock_nodes = redis_nodes.urls[:3]
@@ -96,10 +109,13 @@ def page_app(redis_nodes: RedisNodes, broker: RedisServer) -> Iterator[Celery]:
 
 
 @pytest.mark.parametrize("page", RUNNABLE_PAGES)
+@pytest.mark.usefixtures("celery_state")
 def test_the_python_blocks_of_a_page_run(
     page: str, page_app: Celery, redis_nodes: RedisNodes, broker: RedisServer
 ) -> None:
-    namespace: dict[str, Any] = {"app": page_app, "RedlockTask": RedlockTask}
+    # A module name for what the page defines (Celery names a task's function by it).
+    module = "docs_sample_" + re.sub(r"\W", "_", page.removesuffix(".md"))
+    namespace: dict[str, Any] = {"__name__": module, "app": page_app, "RedlockTask": RedlockTask}
     for block in (b for b in ALL_BLOCKS if b.page == page and b.skip_reason is None):
         code = compile(
             with_servers(block.source, redis_nodes, broker), f"{page}:{block.line}", "exec"
