@@ -14,10 +14,13 @@
 #      a smoke set runs.
 #
 # Usage: tools/release/check-dist.sh (PYTHON=python3.9 to build and test on another
-# Python). The work folder is removed when every check passed, kept otherwise.
+# Python; PINS="celery==5.3.0 ..." to install those versions beside the wheel, as CI
+# does for the declared floor). The work folder is removed when every check passed,
+# kept otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python3}
+echo "== check-dist on $("$python" --version)${PINS:+, with $PINS}"
 started=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/celery-redlock-dist.XXXXXX")
 trap 'rc=$?; if [ "$rc" = 0 ]; then rm -rf "$work"; else echo "check-dist: failed; its files are in $work" >&2; fi' EXIT
@@ -29,6 +32,7 @@ smoke=(
   tests/lock/test_redlock.py
   "tests/workers/test_pools.py::test_same_key_tasks_run_each_once_and_never_two_at_a_time[prefork]"
   tests/wire/test_sentinel.py
+  tests/workers/test_django_beat.py
   tests/ops/test_release.py
   # The one test of volume (~40 s) runs in the test command; here the install is checked.
   --deselect tests/lock/test_redlock.py::test_mutual_exclusion_under_contention_checked_by_an_independent_counter
@@ -79,7 +83,11 @@ EOF
 
 echo "== the wheel installed in a fresh venv, with the test extra"
 "$python" -m venv "$work/venv"
-"$work/venv/bin/pip" install -q "$wheel[test]"
+# shellcheck disable=SC2086  # PINS: requirement specifiers, one word each
+"$work/venv/bin/pip" install -q "$wheel[test]" ${PINS:-}
+# A fresh venv resolves the newest releases of every dependency (but PINS): say which.
+"$work/venv/bin/pip" list 2>/dev/null | grep -iE '^(celery|kombu|redis|django|django-celery-beat) ' \
+  | tr -s ' ' | paste -sd, -
 smoke_dir="$work/smoke"
 mkdir "$smoke_dir"
 tar -xzf "$sdist" -C "$smoke_dir" --strip-components=1
