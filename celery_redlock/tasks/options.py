@@ -177,7 +177,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "redlock_wait_timeout",
         0.0,
-        partial(validate.seconds, minimum=">= 0", wording=validate.SETTING),
+        partial(_seconds, minimum=">= 0"),
         "task",
         "a copy that finds the lock taken (every permit, with a limit) first waits up to "
         "this long inside the worker, holding its worker slot, and starts the moment the "
