@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from redis import exceptions as rexc
 
 from ..lock.steps import Pause
-from ..lock.wake import Subscriber, wake_channel
+from ..lock.wake import Releases, Subscriber, wake_channel, woken
 from ..wire.node import Node
 from ..wire.resp import INCOMPLETE, parse
 from .connection import NodeConnection
@@ -114,6 +114,8 @@ class AsyncWakeups:
         #: Subscribed nodes that meet every quorum of the holder's keys (N - quorum + 1).
         self.heard_enough = heard_enough
         self.node_timeout = node_timeout
+        #: The releases its waiters took: each wakes one of them (wake.py).
+        self.releases = Releases()
 
     @property
     def node_count(self) -> int:
@@ -198,8 +200,9 @@ class AsyncListener:
             bound = step.longest if enough and step.longest is not None else step.seconds
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
-                self._forget_heard()  # the next attempt comes after them
-                return
+                if woken(self._subs.values(), self._wakeups.releases, self._clock()):
+                    return  # the next attempt comes after them
+                continue  # released for another waiter of this loop: wait on
             if left <= 0:
                 return
             await self._wait(left)
@@ -209,7 +212,7 @@ class AsyncListener:
 
     def _forget_heard(self) -> None:
         for sub in self._subs.values():
-            sub.heard = False
+            sub.heard = []
 
     def _live(self) -> bool:
         """Drop the subscribers whose connection failed; whether any is left."""

@@ -48,6 +48,7 @@ __all__ = [
     "VERDICTS",
     "Attempt",
     "is_granted",
+    "is_refused",
     "refused_for",
     "verdict",
     "why_not",
@@ -67,6 +68,12 @@ L = TypeVar("L", bound=LeaseState)
 def is_granted(reply: object) -> bool:
     """A node's acquire reply said yes (1, or ``{1, counter}`` when fenced)."""
     return reply == 1 or (isinstance(reply, list) and len(reply) == 2 and reply[0] == 1)
+
+
+def is_refused(reply: object) -> bool:
+    """A node's acquire reply said no (the holder's value and TTL, or our token's
+    tombstone): the script ran and set nothing of ours there."""
+    return isinstance(reply, list) and not is_granted(reply)
 
 
 def verdict(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..wire.script import Script
-from .stored import publish_wake
+from .stored import RELEASED, publish_wake
 
 __all__ = [
     "ACQUIRE_MULTI",
@@ -137,7 +137,7 @@ if deleted == n then
   return 1
 end
 return 0
-""".replace("WAKE(KEYS[i])", publish_wake("KEYS[i]"))
+""".replace("WAKE(KEYS[i])", publish_wake("KEYS[i]", RELEASED))
 )
 
 OWNED_MULTI: Final = Script(

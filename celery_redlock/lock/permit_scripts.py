@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..wire.script import Script
-from .stored import FENCE, RATE, lua_text, publish_wake
+from .stored import DROPPED, FENCE, RATE, RELEASED, lua_text, publish_wake
 
 __all__ = ["ACQUIRE_PERMIT", "DROP_PERMITS", "PERMIT_SCRIPTS", "RELEASE_PERMIT"]
 
@@ -168,7 +168,7 @@ if dropped > 0 then
   WAKE(ARGV[3])
 end
 return released
-""".replace("WAKE(ARGV[3])", publish_wake("ARGV[3]")),
+""".replace("WAKE(ARGV[3])", publish_wake("ARGV[3]", RELEASED)),
     names=(3, 4),
 )
 
@@ -204,7 +204,7 @@ if keep < 0 then
   redis.call('set', KEYS[1], '1', 'PX', ARGV[2])
 end
 return dropped
-""".replace("WAKE(ARGV[5])", publish_wake("ARGV[5]")),
+""".replace("WAKE(ARGV[5])", publish_wake("ARGV[5]", DROPPED)),
     names=(3, 5),
 )
 

@@ -59,7 +59,7 @@ from ..errors import AlreadyHeld, QuorumUnavailable
 from ..wire.resp import Command
 from ..wire.round import NOT_AWAITED
 from . import permit_steps, scripts, validate
-from .acquire_replies import UNAVAILABLE, Attempt, is_granted, why_not
+from .acquire_replies import UNAVAILABLE, Attempt, is_granted, is_refused, why_not
 from .commands import (
     Keys,
     acquire_command,
@@ -230,7 +230,7 @@ class LockRules:
         holder: str, chosen: Optional[str],
     ) -> Steps[Attempt[L]]:  # fmt: skip
         """One acquire round (and a fenced lock's fence round): the lease, or why not;
-        a lost round is undone on every node."""
+        a lost round is undone on every node, unless every node refused it."""
         settings = self.settings
         token = chosen or secrets.token_urlsafe(20)
         value = f"{token}|{holder}"
@@ -252,8 +252,12 @@ class LockRules:
                     fence, settings.max_hold, keys=keys,
                 )  # fmt: skip
                 return Attempt(lease)
-        # Lost: undo on every node, without waiting for anyone.
-        yield Ask(undo(), 0.0, wait=False, deliver=True)
+        # Lost: undo on every node, without waiting for anyone -- unless every node
+        # refused (each ran the script and set nothing of ours; a node not heard
+        # from may still apply our SET, hence the undo's tombstone). A refusal used
+        # to cost a second script on every node.
+        if not all(map(is_refused, results)):
+            yield Ask(undo(), 0.0, wait=False, deliver=True)
         return self.why_not(keys, results)
 
     def fence_steps(

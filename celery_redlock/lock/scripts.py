@@ -24,7 +24,7 @@ from .multi_scripts import (
     RELEASE_MULTI,
 )
 from .permit_scripts import PERMIT_SCRIPTS
-from .stored import FIRST_HOLD, WAKE_SUFFIX, lua_text, publish_wake
+from .stored import FIRST_HOLD, RELEASED, WAKE_SUFFIX, lua_text, publish_wake
 
 __all__ = [
     "ACQUIRE",
@@ -152,7 +152,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[2], '1', 'PX', ARGV[2])
 end
 return 0
-""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]"))
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]", RELEASED))
 )
 
 HOLDER: Final = Script(
@@ -302,7 +302,7 @@ if redis.call('exists', KEYS[1]) == 0 then
   redis.call('set', KEYS[3], '1', 'PX', ARGV[3])
 end
 return 0
-""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]")).replace("FIRST_HOLD", _FIRST_HOLD)
+""".replace("WAKE(KEYS[1])", publish_wake("KEYS[1]", RELEASED)).replace("FIRST_HOLD", _FIRST_HOLD)
 )
 
 EXTEND_MANY: Final = Script(

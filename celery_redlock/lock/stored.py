@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 __all__ = [
+    "DROPPED",
     "FENCE",
     "FIRST_HOLD",
     "INTERNAL",
     "LIMIT",
     "RATE",
+    "RELEASED",
     "TOMBSTONE",
     "WAKE_SUFFIX",
     "HolderInfo",
@@ -67,6 +69,11 @@ FENCE = INTERNAL + "fence"
 #: What a key's wake channel adds to the key: a release PUBLISHes there, a blocked
 #: acquire SUBSCRIBEs (wake.py). Behind a NUL, which lock keys may not contain.
 WAKE_SUFFIX = INTERNAL + "wake"
+#: The wake events of ``publish_wake`` (Lua expressions): a release deleting our
+#: value (ARGV[1] of every release script), and the undo or clean-up of a permit
+#: round deleting it (DROP_PERMITS; the same value is released later).
+RELEASED = "'r' .. ARGV[1]"
+DROPPED = "'d' .. ARGV[1]"
 #: A fence counter expires this long (seconds) after the last fence recorded on it:
 #: one key per distinct lock key ever fenced must not fill a ``noeviction`` node.
 #: Fences stay rising while clients' clocks are within half of it of the true time
@@ -80,13 +87,20 @@ def lua_text(text: str) -> str:
     return "".join(f"\\{ord(c)}" if c < " " else c for c in text)
 
 
-def publish_wake(key: str) -> str:
+def publish_wake(key: str, event: Optional[str] = None) -> str:
     """The Lua that tells ``key``'s waiters it was freed (``key``: a Lua expression).
+
+    ``event`` (a Lua expression, the same on every node for one release and unique
+    to it: a tag and the released value) is published as its SHA-1, never the
+    value itself (a lease's token): a process whose waiters hear one release from
+    several nodes wakes one of them for it (wake.py, ``Releases``). None publishes
+    an empty message, which wakes every waiter (an operator's deletion).
 
     ``redis.pcall``, its outcome ignored: a user whose ACL denies PUBLISH or the
     channel (Redis 7's default ``acl-pubsub-default resetchannels``) still releases;
     its waiters fall back to polling. No subscriber: a hash lookup on the node."""
-    return f"redis.pcall('publish', {key} .. '{lua_text(WAKE_SUFFIX)}', '')"
+    message = "''" if event is None else f"redis.sha1hex({event})"
+    return f"redis.pcall('publish', {key} .. '{lua_text(WAKE_SUFFIX)}', {message})"
 
 
 def wake_channel(key: Union[str, bytes]) -> bytes:

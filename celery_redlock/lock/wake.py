@@ -20,11 +20,24 @@ scripts.py) on each node where it deleted the key, and a blocked acquire listens
    connections to the pool: one pub/sub connection per node per concurrently
    blocked acquire, reused, none left per acquire; ``Redlock.close`` closes them.
 
+One release, one waiter per process (``Releases``): a message names its release
+(the SHA-1 of a tag and the released value, the same on every node), and of the
+waiters of one lock in a process, the first to look takes it and attempts; the
+others keep waiting. Before, every waiter heard every release and attempted: 6
+threads of one process queued on a key made 21 attempts for 6 releases (37 scripts
+on a node, 13-15 now), 8 asyncio tasks 96 scripts (17 now; tests/lock/test_wake.py
+and its asyncio twin count them on a node). A release is taken for ``TAKEN_FOR``
+seconds; read later (a waiter busy in a long round), it wakes one more waiter: one
+spare attempt. A taker's attempt that loses (it reached a node before the release
+it heard did) is undone, and the undo's message wakes the next waiter. An empty
+message (``clear``, ``force_release``, or a release script of a version before
+this one) wakes every waiter, as before.
+
 What it does not change: safety (a message only ends a wait; the next attempt is
-an ordinary quorum round), fairness (none: every waiter woken by a release makes
-one attempt, one wins, the others see the new holder and wait again, so a herd
-costs one attempt per waiter per release), and expiry (not published; the TTL
-bound covers it, as it does keys deleted by hand; ``clear`` publishes each key it
+an ordinary quorum round), fairness (none: the waiter of a process that looks
+first goes; across processes every process's one attempts, one wins, the others
+see the new holder and wait again), and expiry (not published; the TTL bound
+covers it, as it does keys deleted by hand; ``clear`` publishes each key it
 deletes, as ``force_release`` does).
 
 Permissions: PUBLISH runs under ``redis.pcall`` with its outcome ignored, so a
@@ -49,8 +62,9 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 from collections import deque
-from typing import Callable, Final, Optional, Sequence
+from typing import Callable, Collection, Final, Iterable, Optional, Sequence
 
 from redis import exceptions as rexc
 
@@ -61,10 +75,53 @@ from ..wire.resp import INCOMPLETE, pack, parse
 from .steps import Pause
 from .stored import wake_channel
 
-__all__ = ["Listener", "Subscriber", "Wakeups", "wake_channel"]
+__all__ = ["Listener", "Releases", "Subscriber", "Wakeups", "wake_channel", "woken"]
 
 _POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+#: Seconds a release stays taken by the waiter it woke (its messages from every
+#: node come within a round); read later, it wakes one more waiter.
+TAKEN_FOR: Final = 2.0
+#: Releases remembered before the ones older than ``TAKEN_FOR`` are forgotten.
+_REMEMBERED: Final = 256
+
+#: A message heard: its channel and what was published (a release's name, or empty).
+Event = tuple[bytes, bytes]
+
+
+class Releases:
+    """The releases this process's waiters were woken by (see module): each wakes
+    one waiter per process; an empty message wakes every waiter."""
+
+    def __init__(self) -> None:
+        self._taken: dict[Event, float] = {}
+        self._lock = threading.Lock()  # threads; a green lock under gevent/eventlet
+
+    def take(self, heard: Iterable[Event], now: float) -> bool:
+        """Take the first release of ``heard`` no other waiter here took: True when
+        one was (the caller attempts for it), False when others took them all."""
+        with self._lock:
+            taken = self._taken
+            if len(taken) > _REMEMBERED:
+                for event in [e for e, at in taken.items() if now - at > TAKEN_FOR]:
+                    del taken[event]
+            for event in heard:
+                if not event[1]:
+                    return True  # unnamed: every waiter
+                at = taken.get(event)
+                if at is None or now - at > TAKEN_FOR:
+                    taken[event] = now
+                    return True
+        return False
+
+
+def woken(subs: Collection[Subscriber], releases: Releases, now: float) -> bool:
+    """Whether what ``subs`` heard since the last look wakes their waiter: a release
+    it takes (``Releases``). What they heard is forgotten either way."""
+    heard = [event for sub in subs for event in sub.heard]
+    for sub in subs:
+        sub.heard = []
+    return bool(heard) and releases.take(heard, now)
 
 
 class Subscriber:
@@ -78,7 +135,7 @@ class Subscriber:
         self.wanted: set[bytes] = set()  # the current listener's channels
         self.watching: set[bytes] = set()  # ... of which the node confirmed these
         self.denied = False  # the node refused a SUBSCRIBE (ACL)
-        self.heard = False  # a release on a watched channel since the last wake
+        self.heard: list[Event] = []  # messages on watched channels since the last look
         self.broken = False  # out of step or closed: never reuse
 
     def listen(self, channels: Sequence[bytes]) -> None:
@@ -94,7 +151,7 @@ class Subscriber:
     def stop(self) -> None:
         """Unsubscribe the listener's channels (their replies are read and dropped)."""
         channels = sorted(self.wanted)
-        self.wanted, self.watching, self.heard, self.denied = set(), set(), False, False
+        self.wanted, self.watching, self.heard, self.denied = set(), set(), [], False
         if channels and not self.broken:
             try:
                 self._write(pack(b"UNSUBSCRIBE", *channels))
@@ -139,7 +196,7 @@ class Subscriber:
             if self.acks.popleft() == channel and channel in self.wanted:
                 self.watching.add(channel)
         elif kind == b"message" and channel in self.watching:
-            self.heard = True
+            self.heard.append((channel, push[2]))
 
     def close(self) -> None:
         self.broken = True
@@ -156,6 +213,8 @@ class Wakeups:
         #: Subscribed nodes that meet every quorum of the holder's keys (N - quorum + 1).
         self.heard_enough = heard_enough
         self.node_timeout = node_timeout
+        #: The releases its waiters in this process took (one waiter per release).
+        self.releases = Releases()
         self._pid = os.getpid()
 
     @property
@@ -169,6 +228,7 @@ class Wakeups:
         """A blocked acquire's subscriptions (its ``drive`` pause); ``close`` it."""
         if self._pid != os.getpid():  # forked: the connections are the parent's
             self._idle = [deque() for _ in self._nodes]
+            self.releases = Releases()
             self._pid = os.getpid()
         return Listener(self, clock, sleep)
 
@@ -236,8 +296,9 @@ class Listener:
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
                 self._poll(0.0)  # the same release's messages from the other nodes
-                self._forget_heard()  # the next attempt comes after them
-                return
+                if woken(self._subs.values(), self._wakeups.releases, self._clock()):
+                    return  # the next attempt comes after them
+                continue  # released for another waiter here: this one waits on
             if left <= 0:
                 return
             self._poll(left)
@@ -247,7 +308,7 @@ class Listener:
 
     def _forget_heard(self) -> None:
         for sub in self._subs.values():
-            sub.heard = False
+            sub.heard = []
 
     def heard_on(self) -> int:
         """Nodes on which every channel is confirmed subscribed."""

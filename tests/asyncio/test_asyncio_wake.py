@@ -24,7 +24,14 @@ from celery_redlock.lock.wake import wake_channel
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.observe import until
 from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
-from tests.support.wake import HANG_GUARD, NEVER, NODE_TIMEOUT, hold_until_waited, subscribed
+from tests.support.wake import (
+    HANG_GUARD,
+    NEVER,
+    NODE_TIMEOUT,
+    hold_until_waited,
+    steady,
+    subscribed,
+)
 
 
 async def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
@@ -165,10 +172,20 @@ def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisNodes) -> No
         async def main() -> None:
             redlock = _waiter(urls)  # one lock, many tasks: one listener each
             tasks = [asyncio.ensure_future(one(redlock, f"t{i}")) for i in range(waiters)]
-            # Every task listens before the first release: only wakes move them on.
+            # Every task listens and made its refused attempts (the first, and the
+            # one right after subscribing) before the first release: only wakes move
+            # them on.
             await wait_for(subscribed(urls, "aherd", waiters), guard=HANG_GUARD * 4)
+            await wait_for(steady(lambda: evalsha_calls(urls)))
+            before = evalsha_calls(urls)
             assert await asyncio.to_thread(first.release)
             await asyncio.gather(*tasks)
+            # Each release woke one task of the loop, not every task still waiting:
+            # the first release, then one acquire and one release per task, and at
+            # times an attempt that overtook the release it heard on a node (undone;
+            # the undo wakes the next). Each release waking all made 8 + 7 + ... + 1
+            # = 36 attempts (96 calls here).
+            assert evalsha_calls(urls) - before <= 1 + 3 * waiters
             await wait_for(_unsubscribed(urls, "aherd"))
             redlock.close()
 

@@ -281,9 +281,23 @@ def test_a_blocking_acquire_gives_up_when_its_timeout_has_run_out() -> None:
     steps = acquire(rules, blocking=True, timeout=1.0)
     next(steps)
     clock.advance(1.0)
-    undo, attempt = expect_undo(steps, [[OTHER, 9000], [OTHER, 9000], [OTHER, 9000]])
+    undo, attempt = expect_undo(steps, [[OTHER, 9000], [OTHER, 9000], NOT_AWAITED])
     assert undo.deliver
     assert attempt.lease is None and attempt.holder_ttl == 9.0
+
+
+def test_a_round_every_node_refused_is_not_undone() -> None:
+    """Each node ran the script and set nothing of ours: no second script anywhere.
+    One node not heard from (it may still apply our SET), and the undo goes out."""
+    steps = acquire(make_rules(FakeClock()))
+    next(steps)
+    attempt = finish(steps, [[OTHER, 9000], [None, -2], [OTHER, 8000]])
+    assert attempt.lease is None and attempt.holder == "worker-2:77"
+    for silent in (NOT_AWAITED, timed_out(2), refused(2)):
+        steps = acquire(make_rules(FakeClock()))
+        next(steps)
+        undo, attempt = expect_undo(steps, [[OTHER, 9000], [OTHER, 9000], silent])
+        assert sent(undo)[0] is scripts.RELEASE and undo.deliver
 
 
 def test_an_outage_ends_a_wait_without_timeout_after_retry_count_attempts() -> None:

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from celery_redlock import ConfigurationError, Redlock
-from celery_redlock.lock.wake import wake_channel
+from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
 from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
 from tests.support.wake import (
@@ -33,6 +33,7 @@ from tests.support.wake import (
     NEVER,
     NODE_TIMEOUT,
     hold_until_waited,
+    steady,
     subscribed,
     wait_for,
 )
@@ -307,12 +308,69 @@ def test_many_waiters_each_get_the_key_once_in_turn(redis_nodes: RedisNodes, tmp
         assert client.get("overlaps") is None
 
 
+def test_a_named_release_is_taken_once_and_an_unnamed_one_by_everyone() -> None:
+    releases = Releases()
+    one, other = (b"k\x00wake", b"r1" * 20), (b"k\x00wake", b"r2" * 20)
+    assert releases.take([one], now=0.0)
+    assert not releases.take([one], now=0.1)  # the same release, heard by a second waiter
+    assert releases.take([one, other], now=0.2)  # takes the release nobody took
+    assert not releases.take([one, other], now=0.3)
+    assert releases.take([one], now=TAKEN_FOR + 0.5)  # read that late: one spare attempt
+    assert releases.take([(b"k\x00wake", b"")], now=1.0)  # clear, force_release: all
+    assert releases.take([(b"k\x00wake", b"")], now=1.0)
+    assert not releases.take([], now=1.0)
+    for n in range(1000):  # what it remembers stays bounded
+        releases.take([(b"k\x00wake", b"%d" % n)], now=n * TAKEN_FOR)
+    assert len(releases._taken) <= 300
+
+
+def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
+    redis_nodes: RedisNodes,
+) -> None:
+    """Threads of one process blocked on one key: each release is taken by one of
+    them (wake.py, ``Releases``), the others keep waiting. Counted on a node
+    (EVALSHA calls), not by the lock. retry_delay and the TTLs are far past the
+    acquire's timeout: a release taken by nobody would leave its waiters waiting
+    until then, so every thread getting the key in time shows none was lost."""
+    urls = redis_nodes.urls
+    waiters = 6
+    first = _waiter(urls, ttl=NEVER).acquire("one-each", blocking=False)
+    assert first is not None
+    redlock = _waiter(urls, ttl=NEVER)
+    order: list[str] = []
+
+    def queue_up(name: str) -> None:
+        lease = redlock.acquire("one-each", timeout=2 * HANG_GUARD, holder=name)
+        assert lease is not None, name
+        order.append(name)
+        assert lease.release()
+
+    threads = [threading.Thread(target=queue_up, args=(f"t{i}",)) for i in range(waiters)]
+    for thread in threads:
+        thread.start()
+    # Each listens and made its two refused attempts (the first, and the one right
+    # after subscribing) before the first release: only wakes move them on.
+    wait_for(subscribed(urls, "one-each", waiters), guard=HERD_GUARD)
+    wait_for(steady(lambda: evalsha_calls(urls)), guard=HERD_GUARD)
+    before = evalsha_calls(urls)
+    assert first.release()
+    for thread in threads:
+        thread.join(2 * HANG_GUARD)
+    assert sorted(order) == [f"t{i}" for i in range(waiters)]
+    # The first release, then one acquire and one release per thread, and now and
+    # then a woken thread's attempt that reached a node before the release it heard
+    # did (refused there, undone: the undo's message wakes the next). Woken all at
+    # each release, they made 6 + 5 + ... + 1 = 21 attempts (37 calls here).
+    assert evalsha_calls(urls) - before <= 1 + 3 * waiters
+    redlock.close()
+
+
 _GREEN_WAIT = """
 import sys, time
 {patch}
 import redis
 from celery_redlock import Redlock
-from celery_redlock.lock.wake import wake_channel
+from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
 urls = sys.argv[1:]
 held = Redlock(urls, ttl={never}, node_timeout={node_timeout}).acquire("green", blocking=False)
 assert held is not None, "the holder did not get a free key"

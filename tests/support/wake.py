@@ -7,6 +7,7 @@ No timing claims: :func:`wait_for` waits for an event and fails only past a hang
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import pytest
@@ -30,6 +31,21 @@ def wait_for(check: Callable[[], bool], guard: float = HANG_GUARD) -> None:
             return
         done.wait(0.01)
     pytest.fail("the condition was never reached")
+
+
+def steady(read: Callable[[], object], quiet: float = 0.3) -> Callable[[], bool]:
+    """A check that holds once ``read()`` gave the same value for ``quiet`` seconds
+    (e.g. a node's command count: the waiters made their attempts and now wait)."""
+    seen: list[object] = [object()]
+    since = [0.0]
+
+    def check() -> bool:
+        value, now = read(), time.monotonic()
+        if value != seen[0]:
+            seen[0], since[0] = value, now
+        return now - since[0] >= quiet
+
+    return check
 
 
 def subscribed(urls: list[str], key: str, count: int = 1) -> Callable[[], bool]:
