@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -547,24 +548,38 @@ def test_revoke_terminate_while_running_frees_the_lock_within_its_ttl(
     def first(value: Optional[str]) -> bool:
         return value is not None and f"|{result.id}@" in value
 
-    started(stack, counter, result.id)
+    child, _ = started(stack, counter, result.id)
     waiter = send(stack, "hold", waiter_on, tag=counter, seconds=0.05, counter=counter + "-waiter")
     eventually(lambda: contended(stack, waiter.id), 15, "the waiter met the lock")
     looked = threading.Event()
+    revokes = 0
     with ThreadPoolExecutor(1) as pool:
         watching = pool.submit(watch_freeing, stack, key, first, 30.0, first_look=looked)
         # The first sighting comes before the revoke: the running body holds the lock
         # then (the waiter met it), so last_held is set by construction.
         assert looked.wait(30), "the watch never took its first look"
-        revoking = time.monotonic_ns()
-        # The worker signals the child, then replies: by the reply, the child is told.
-        replies = stack.client.control.revoke(
-            result.id, terminate=True, signal=signame, reply=True, timeout=READY_TIMEOUT,
-            limit=len(stack.workers),
-        )  # fmt: skip
-        signalled_by = time.monotonic_ns()
-        freeing = watching.result()
-    assert len(replies) == len(stack.workers), replies
+        while True:
+            revoking = time.monotonic_ns()
+            # The worker signals the child, then replies: by the reply, the child is told.
+            replies = stack.client.control.revoke(
+                result.id, terminate=True, signal=signame, reply=True, timeout=READY_TIMEOUT,
+                limit=len(stack.workers),
+            )  # fmt: skip
+            signalled_by = time.monotonic_ns()
+            revokes += 1
+            assert len(replies) == len(stack.workers), replies
+            try:
+                freeing = watching.result(timeout=ttl + SLACK)
+                break
+            except FutureTimeout:
+                if not _alive(child):
+                    freeing = watching.result()  # judged below, as any other
+                    break
+                # Not free a TTL later and the child still runs: it outlived its signal
+                # (a SIGTERM whose handler never ran in the body, seen on a loaded
+                # machine: the body slept its full 30 s, holding the lock as it must).
+                # Ask again; the lock is judged from the revoke the child did not outlive.
+                assert revokes < 3, f"the child outlived {revokes} revokes"
     assert freeing.last_held is not None  # held when the revoke went out
     # Never seen held a TTL after the child was signalled (SLACK: a renewal it sent
     # just before and a loaded node ran late).
@@ -582,5 +597,5 @@ def test_revoke_terminate_while_running_frees_the_lock_within_its_ttl(
         f"revoke terminate ({signame}): first holder gone from a majority between "
         f"{_ms(freeing.last_held.asked - revoking)} and "
         f"{_ms(freeing.first_free.answered - revoking)} after the revoke; "
-        f"released on {len(released)} node(s) before expiry"
+        f"released on {len(released)} node(s) before expiry; revokes sent: {revokes}"
     )
