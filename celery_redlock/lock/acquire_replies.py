@@ -134,6 +134,9 @@ class Attempt(Generic[L]):
     #: A key with several permits: what was reached when all were taken
     #: (``"limit 5/5"``, ``"rate 100/m"``); None for a mutex.
     limit: Optional[str] = None
+    #: ``CONTENDED`` only: the nodes (by index) that refused this round; what frees
+    #: elsewhere alone cannot let the next attempt win (wake.py).
+    refused_on: Optional[frozenset[int]] = None
 
     @property
     def split(self) -> bool:
@@ -177,4 +180,12 @@ def why_not(key: str, results: list[object], addresses: Sequence[str], need: int
     elif not refusals:
         holder_ttl = 0.0  # won a quorum too late (slow round): nobody holds it
     judged = SPLIT if judged == GRANTED else judged  # won, but too late to hold
-    return Attempt(holder=holder, holder_ttl=holder_ttl, verdict=judged)
+    return Attempt(
+        holder=holder, holder_ttl=holder_ttl, verdict=judged,
+        refused_on=refused_on(results, is_refused) if judged == CONTENDED else None,
+    )  # fmt: skip
+
+
+def refused_on(results: list[object], refused: Callable[[object], bool]) -> frozenset[int]:
+    """The indexes of the nodes whose reply in ``results`` is a refusal."""
+    return frozenset(i for i, r in enumerate(results) if refused(r))

@@ -19,7 +19,15 @@ from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from ..errors import ConfigurationError, QuorumUnavailable
 from ..wire.resp import Command
-from .acquire_replies import CONTENDED, GRANTED, SPLIT, UNAVAILABLE, Attempt, verdict
+from .acquire_replies import (
+    CONTENDED,
+    GRANTED,
+    SPLIT,
+    UNAVAILABLE,
+    Attempt,
+    refused_on,
+    verdict,
+)  # fmt: skip
 from .lease import LeaseState
 from .permits import (
     PermitRound,
@@ -178,9 +186,11 @@ def _why_not(
     if judged == GRANTED:
         judged = SPLIT  # a quorum gave slots, but not one slot (or too late)
     limit = f"{terms}/{terms.count}" if terms.period is None else str(terms)
+    contended = judged == CONTENDED
     return Attempt(
         holder=read.holder,
         holder_ttl=read.holder_ttl,
         verdict=judged,
-        limit=limit if judged == CONTENDED else None,
+        limit=limit if contended else None,
+        refused_on=refused_on(results, is_full) if contended else None,
     )

@@ -199,6 +199,9 @@ class LockRules:
             pause = self.pause(keys, attempt.holder_ttl, give_up)
             if pause is None:
                 return attempt
+            # Refused by a quorum: only what frees on a refusing node can let the next
+            # attempt win (wake.py).
+            pause = pause._replace(wake_on=attempt.refused_on)
             if terms is not None and attempt.split:
                 # Callers that split the permits all lost: each backs off at random,
                 # not woken together by the next release (they would split again).

@@ -59,11 +59,14 @@ class Pause(NamedTuple):
     does not wait (the next attempt comes after the subscription, so a release
     between that attempt and the next wait is heard); at the next ones it waits
     for a release up to ``longest`` (the holder's remaining TTL, bounded by the
-    caller's timeout), or up to ``seconds`` where too few nodes could be heard."""
+    caller's timeout), or up to ``seconds`` where too few nodes could be heard.
+    ``wake_on``: the nodes (by index) whose messages end the wait (None: any node's);
+    after an attempt a quorum refused, those that refused it (wake.py)."""
 
     seconds: float
     keys: tuple[str, ...] = ()
     longest: Optional[float] = None
+    wake_on: Optional[frozenset[int]] = None
 
 
 class Settle(NamedTuple):

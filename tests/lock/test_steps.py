@@ -275,6 +275,23 @@ def test_a_blocking_acquire_pauses_until_the_holder_expires_then_tries_again() -
     assert finish(steps, [1, 1, NOT_AWAITED]).lease is not None
 
 
+def test_after_a_quorum_refused_only_the_refusing_nodes_messages_end_the_pause() -> None:
+    """A quorum refused (one holder): what frees elsewhere -- a node that granted this
+    attempt or was not heard -- cannot let the next attempt win, so only the
+    refusing nodes' messages wake it (wake.py). A split wakes on any node's."""
+    rules = make_rules(FakeClock(), nodes=5, retry_delay=0.2)
+    steps = acquire(rules, blocking=True, timeout=5.0)
+    next(steps)
+    ask_of(steps.send([1, [OTHER, 900], NOT_AWAITED, [OTHER, 900], [OTHER, 900]]))  # undo
+    pause = steps.send([])
+    assert isinstance(pause, Pause) and pause.wake_on == frozenset({1, 3, 4})
+    ask_of(steps.send([]))
+    other = [b"someone-else|worker-3:78", 900]
+    ask_of(steps.send([1, [OTHER, 900], 1, other, [OTHER, 900]]))  # a split: undone
+    pause = steps.send([])
+    assert isinstance(pause, Pause) and pause.wake_on is None
+
+
 def test_a_blocking_acquire_gives_up_when_its_timeout_has_run_out() -> None:
     clock = FakeClock()
     rules = make_rules(clock)

@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from celery_redlock import ConfigurationError, Redlock
+from celery_redlock.lock.stored import LIMIT, permit_full, permit_slot
 from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
 from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
@@ -363,6 +364,71 @@ def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
     # each release, they made 6 + 5 + ... + 1 = 21 attempts (37 calls here).
     assert evalsha_calls(urls) - before <= 1 + 3 * waiters
     redlock.close()
+
+
+def _stray(urls: list[str], key: str, nodes: range, limit: int) -> None:
+    """On ``nodes``: take what the holder's round will find free (the key, or the
+    permit slots nobody holds), as a racing caller's claim would; each one is
+    undone later (:func:`_undo_strays`)."""
+    for url in [urls[i] for i in nodes]:
+        client = redis.Redis.from_url(url)
+        if limit == 1:
+            client.set(key, "racer|x", px=60_000)
+            continue
+        for slot in range(limit):
+            client.set(permit_slot(key, LIMIT, slot), f"racer{slot}|x", px=60_000, nx=True)
+
+
+def _undo_strays(urls: list[str], key: str, limit: int) -> None:
+    for url in urls:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        names = [key] if limit == 1 else [permit_slot(key, LIMIT, i) for i in range(limit)]
+        for name in names:
+            value = client.get(name)
+            if value is not None and str(value).startswith("racer"):
+                client.delete(name, permit_full(key, LIMIT))
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_one(
+    redis_nodes: RedisNodes, limit: int
+) -> None:
+    """The holders keep a quorum, two of five nodes are free (a racing claim there
+    kept the holder's round out, then was undone). A waiter's attempt is granted
+    there, refused by the holders on the other three, and undone. Before, the undo's
+    message woke the next waiter, whose attempt did the same: rounds without end
+    until a holder let go (a gevent worker with a limit of 3 made 2,574 undo rounds
+    in 12 s; a freed permit then waited a p90 of 0.7-1 s). Now, after an attempt a
+    quorum refused, a waiter wakes only for messages from the nodes that refused it
+    (what frees elsewhere alone cannot let it win): once both wait, the nodes' count
+    of scripts holds still (counted there) until a holder releases, and then each
+    waiter gets a permit in time (retry_delay and the TTLs are far past it)."""
+    urls, key = redis_nodes.urls, f"granted-where-{limit}"
+    _stray(urls, key, range(3, 5), limit)
+    holders = [
+        _waiter(urls, ttl=NEVER).acquire(key, blocking=False, limit=limit) for _ in range(limit)
+    ]
+    assert all(holders), holders
+    _undo_strays(urls, key, limit)
+    got: list[str] = []
+
+    def queue_up(name: str) -> None:
+        # Its own lock: a process of its own (each process wakes one waiter).
+        lease = _waiter(urls, ttl=NEVER).acquire(key, timeout=2 * HANG_GUARD, limit=limit)
+        assert lease is not None, name
+        got.append(name)
+        assert lease.release()
+
+    threads = [threading.Thread(target=queue_up, args=(f"w{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    wait_for(subscribed(urls, key, 2))
+    wait_for(steady(lambda: evalsha_calls(urls), quiet=1.0), guard=HERD_GUARD)
+    for lease in holders:
+        assert lease is not None and lease.release()
+    for thread in threads:
+        thread.join(2 * HANG_GUARD)
+    assert sorted(got) == ["w0", "w1"]
 
 
 _GREEN_WAIT = """
