@@ -30,7 +30,9 @@ from tests.support.wake import (
     NODE_TIMEOUT,
     hold_until_waited,
     steady,
+    stray,
     subscribed,
+    undo_strays,
 )
 
 
@@ -193,6 +195,40 @@ def test_many_waiting_tasks_each_get_the_key_once(redis_nodes: RedisNodes) -> No
         order = [n.decode() if isinstance(n, bytes) else n for n in observer.lrange("order", 0, -1)]
         assert Counter(order) == {f"t{i}": 1 for i in range(waiters)}
         assert observer.get("overlaps") is None
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_task(
+    redis_nodes: RedisNodes, limit: int
+) -> None:
+    """tests/lock/test_wake.py's storm, with waiting tasks: the holders keep a quorum
+    and two of five nodes are free; each task's attempt wins those two, is refused
+    on the rest and undone. Once both tasks wait, the nodes' count of scripts holds
+    still until a holder releases; then each task gets a permit in time."""
+    urls, key = redis_nodes.urls, f"agranted-where-{limit}"
+    stray(urls, key, range(3, 5), limit)
+    holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
+    holders = [holder.acquire(key, blocking=False, limit=limit) for _ in range(limit)]
+    assert all(holders), holders
+    undo_strays(urls, key, limit)
+
+    async def one(redlock: AsyncRedlock) -> None:
+        lease = await redlock.acquire(key, timeout=2 * HANG_GUARD, limit=limit)
+        assert lease is not None
+        assert await lease.release()
+
+    async def main() -> None:
+        waiters = [_waiter(urls, ttl=NEVER) for _ in range(2)]  # a process each
+        tasks = [asyncio.ensure_future(one(redlock)) for redlock in waiters]
+        await wait_for(subscribed(urls, key, 2))
+        await wait_for(steady(lambda: evalsha_calls(urls), quiet=1.0), guard=HANG_GUARD * 4)
+        for lease in holders:
+            assert lease is not None and await asyncio.to_thread(lease.release)
+        await asyncio.wait_for(asyncio.gather(*tasks), 2 * HANG_GUARD)
+        for redlock in waiters:
+            redlock.close()
+
+    asyncio.run(main())
 
 
 def test_a_user_without_pubsub_rights_gets_the_lock_by_polling(

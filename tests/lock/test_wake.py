@@ -25,7 +25,6 @@ import pytest
 import redis
 
 from celery_redlock import ConfigurationError, Redlock
-from celery_redlock.lock.stored import LIMIT, permit_full, permit_slot
 from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
 from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
@@ -35,7 +34,9 @@ from tests.support.wake import (
     NODE_TIMEOUT,
     hold_until_waited,
     steady,
+    stray,
     subscribed,
+    undo_strays,
     wait_for,
 )
 
@@ -366,29 +367,6 @@ def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
     redlock.close()
 
 
-def _stray(urls: list[str], key: str, nodes: range, limit: int) -> None:
-    """On ``nodes``: take what the holder's round will find free (the key, or the
-    permit slots nobody holds), as a racing caller's claim would; each one is
-    undone later (:func:`_undo_strays`)."""
-    for url in [urls[i] for i in nodes]:
-        client = redis.Redis.from_url(url)
-        if limit == 1:
-            client.set(key, "racer|x", px=60_000)
-            continue
-        for slot in range(limit):
-            client.set(permit_slot(key, LIMIT, slot), f"racer{slot}|x", px=60_000, nx=True)
-
-
-def _undo_strays(urls: list[str], key: str, limit: int) -> None:
-    for url in urls:
-        client = redis.Redis.from_url(url, decode_responses=True)
-        names = [key] if limit == 1 else [permit_slot(key, LIMIT, i) for i in range(limit)]
-        for name in names:
-            value = client.get(name)
-            if value is not None and str(value).startswith("racer"):
-                client.delete(name, permit_full(key, LIMIT))
-
-
 @pytest.mark.parametrize("limit", [1, 2])
 def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_one(
     redis_nodes: RedisNodes, limit: int
@@ -404,12 +382,12 @@ def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_one(
     of scripts holds still (counted there) until a holder releases, and then each
     waiter gets a permit in time (retry_delay and the TTLs are far past it)."""
     urls, key = redis_nodes.urls, f"granted-where-{limit}"
-    _stray(urls, key, range(3, 5), limit)
+    stray(urls, key, range(3, 5), limit)
     holders = [
         _waiter(urls, ttl=NEVER).acquire(key, blocking=False, limit=limit) for _ in range(limit)
     ]
     assert all(holders), holders
-    _undo_strays(urls, key, limit)
+    undo_strays(urls, key, limit)
     got: list[str] = []
 
     def queue_up(name: str) -> None:

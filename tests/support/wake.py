@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from celery_redlock import Redlock
+from celery_redlock.lock.stored import LIMIT, permit_full, permit_slot
 from celery_redlock.lock.wake import wake_channel
 
 NODE_TIMEOUT = 0.5
@@ -66,3 +67,26 @@ def hold_until_waited(urls: list[str], key: str, ttl: float, ready: Any, out: An
     ready.set()
     wait_for(subscribed(urls, key))
     out.put(lease.release())
+
+
+def stray(urls: list[str], key: str, nodes: range, limit: int) -> None:
+    """On ``nodes``: take what the holder's round will find free (the key, or the
+    permit slots nobody holds), as a racing caller's claim would; each one is
+    undone later (:func:`undo_strays`)."""
+    for url in [urls[i] for i in nodes]:
+        client = redis.Redis.from_url(url)
+        if limit == 1:
+            client.set(key, "racer|x", px=60_000)
+            continue
+        for slot in range(limit):
+            client.set(permit_slot(key, LIMIT, slot), f"racer{slot}|x", px=60_000, nx=True)
+
+
+def undo_strays(urls: list[str], key: str, limit: int) -> None:
+    for url in urls:
+        client = redis.Redis.from_url(url, decode_responses=True)
+        names = [key] if limit == 1 else [permit_slot(key, LIMIT, i) for i in range(limit)]
+        for name in names:
+            value = client.get(name)
+            if value is not None and str(value).startswith("racer"):
+                client.delete(name, permit_full(key, LIMIT))
