@@ -36,8 +36,10 @@ this one) wakes every waiter, as before.
 Only what can matter wakes (``Pause.wake_on``): after an attempt a quorum refused
 (one holder, or every permit taken), a waiter wakes only for messages from the
 nodes that refused it. Any quorum meets those nodes, so no attempt can win before
-one of them frees something, and each such freeing publishes there (or expires,
-which the TTL bound covers). What frees elsewhere -- the waiter's own undo on the
+every one of them in some quorum frees something, and each such freeing publishes
+there (or expires, which the TTL bound covers); with at least ``N - quorum + 1`` of
+them heard, every quorum meets one that is (else any node's message wakes, as
+before). What frees elsewhere -- the waiter's own undo on the
 nodes that granted it, the next waiter's -- restores what the attempt saw. Before,
 a holder with a quorum and a node left free (a racing claim kept the holder's round
 out there, then was undone) made a storm: every waiter's attempt was granted on that
@@ -129,11 +131,14 @@ class Releases:
 
 def woken(
     subs: Mapping[int, Subscriber], releases: Releases, now: float,
-    wake_on: Optional[Collection[int]] = None,
+    wake_on: Optional[Collection[int]] = None, enough: int = 1,
 ) -> bool:  # fmt: skip
     """Whether what ``subs`` (by node index) heard since the last look wakes their
     waiter: a release it takes (``Releases``), heard on a node of ``wake_on`` (None:
-    any). What they heard is forgotten either way."""
+    any) -- if at least ``enough`` of those are heard (confirmed), else on any node.
+    What they heard is forgotten either way."""
+    if wake_on is not None and sum(1 for i in wake_on if i in subs and subs[i].confirmed) < enough:
+        wake_on = None  # a quorum might free where none of them is heard: see module
     heard = [
         event for i, sub in subs.items() if wake_on is None or i in wake_on for event in sub.heard
     ]
@@ -314,7 +319,13 @@ class Listener:
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
                 self._poll(0.0)  # the same release's messages from the other nodes
-                if woken(self._subs, self._wakeups.releases, self._clock(), step.wake_on):
+                if woken(
+                    self._subs,
+                    self._wakeups.releases,
+                    self._clock(),
+                    step.wake_on,
+                    self._wakeups.heard_enough,
+                ):
                     return  # the next attempt comes after them
                 continue  # released for another waiter here: this one waits on
             if left <= 0:

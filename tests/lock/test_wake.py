@@ -19,13 +19,13 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 
 from celery_redlock import ConfigurationError, Redlock
-from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
+from celery_redlock.lock.wake import TAKEN_FOR, Releases, Subscriber, wake_channel, woken
 from celery_redlock.testing import RedisNodes, RedisSentinelGroup, RedisServer
 from tests.support.tls_acl import MINIMAL_ACL, WAKE_ACL, denied_pubsub, evalsha_calls, set_user
 from tests.support.wake import (
@@ -326,6 +326,25 @@ def test_a_named_release_is_taken_once_and_an_unnamed_one_by_everyone() -> None:
     assert len(releases._taken) <= 300
 
 
+def test_after_a_quorum_refused_only_the_refusing_nodes_wake_while_enough_are_heard() -> None:
+    """5 nodes, refused by 0-2: a message heard on node 4 alone does not wake, one on
+    node 0 does. With two of the three refusing nodes not heard (fewer than N -
+    quorum + 1), a quorum might free where none is heard: any node's message wakes."""
+    channel = b"k\x00wake"
+    subs = {i: Subscriber(cast(Any, None)) for i in range(5)}  # no I/O: what they heard
+    for sub in subs.values():
+        sub.wanted, sub.watching = {channel}, {channel}
+    refused = frozenset({0, 1, 2})
+    subs[4].heard = [(channel, b"r1" * 20)]
+    assert not woken(subs, Releases(), 0.0, refused, enough=3)
+    assert subs[4].heard == []  # forgotten either way
+    subs[0].heard = [(channel, b"r2" * 20)]
+    assert woken(subs, Releases(), 0.0, refused, enough=3)
+    subs[1].denied = subs[2].denied = True  # their SUBSCRIBE refused: not heard
+    subs[4].heard = [(channel, b"r3" * 20)]
+    assert woken(subs, Releases(), 0.0, refused, enough=3)
+
+
 def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
     redis_nodes: RedisNodes,
 ) -> None:
@@ -414,7 +433,7 @@ import sys, time
 {patch}
 import redis
 from celery_redlock import Redlock
-from celery_redlock.lock.wake import TAKEN_FOR, Releases, wake_channel
+from celery_redlock.lock.wake import TAKEN_FOR, Releases, Subscriber, wake_channel, woken
 urls = sys.argv[1:]
 held = Redlock(urls, ttl={never}, node_timeout={node_timeout}).acquire("green", blocking=False)
 assert held is not None, "the holder did not get a free key"
