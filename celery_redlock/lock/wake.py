@@ -44,8 +44,9 @@ nodes that granted it, the next waiter's -- restores what the attempt saw. Befor
 a holder with a quorum and a node left free (a racing claim kept the holder's round
 out there, then was undone) made a storm: every waiter's attempt was granted on that
 node, undone, and its undo's message woke the next waiter, until the holder let go
-(a gevent worker with a limit of 3 made 2,574 undo rounds in 12 s; a freed permit
-then waited a p90 of 0.7-1 s; tests/lock/test_wake.py reproduces it on real nodes).
+(in a gevent worker with a limit of 3, a freed permit then waited a p90 of 0.7-1 s:
+tests/workers/test_limits_workers.py; tests/lock/test_wake.py reproduces the storm
+on real nodes).
 
 What it does not change: safety (a message only ends a wait; the next attempt is
 an ordinary quorum round), fairness (none: the waiter of a process that looks

@@ -394,8 +394,8 @@ def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_one(
     kept the holder's round out, then was undone). A waiter's attempt is granted
     there, refused by the holders on the other three, and undone. Before, the undo's
     message woke the next waiter, whose attempt did the same: rounds without end
-    until a holder let go (a gevent worker with a limit of 3 made 2,574 undo rounds
-    in 12 s; a freed permit then waited a p90 of 0.7-1 s). Now, after an attempt a
+    until a holder let go (in a gevent worker with a limit of 3, a freed permit then
+    waited a p90 of 0.7-1 s). Now, after an attempt a
     quorum refused, a waiter wakes only for messages from the nodes that refused it
     (what frees elsewhere alone cannot let it win): once both wait, the nodes' count
     of scripts holds still (counted there) until a holder releases, and then each
