@@ -147,10 +147,12 @@ def test_a_rate_holds_in_every_window_and_spends_no_lock_retry(
     app: Celery, observer: Observer, contended: list[dict[str, Any]]
 ) -> None:
     # redlock_max_retries=0: a copy that met a *held lock* would fail at once; copies
-    # over the *rate* must all come back and run.
+    # over the *rate* must all come back and run. So would a copy whose round a busy
+    # machine stretched past the default 50 ms (an outage, no retry left; seen on a
+    # loaded 2-CPU CI run): a round's deadline of 0.5 s keeps this about the rate.
     job = observed_task(
         app, observer, "r.five", redlock_key="rate:{tag}", redlock_limit="unlimited",
-        redlock_rate="5/s", redlock_max_retries=0,
+        redlock_rate="5/s", redlock_max_retries=0, redlock_node_timeout=0.5,
     )  # fmt: skip
     with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False):
         results = [job.delay("r", 0.0, n) for n in range(20)]
