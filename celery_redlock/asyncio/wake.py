@@ -200,13 +200,7 @@ class AsyncListener:
             bound = step.longest if enough and step.longest is not None else step.seconds
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
-                if woken(
-                    self._subs,
-                    self._wakeups.releases,
-                    self._clock(),
-                    step.wake_on,
-                    self._wakeups.heard_enough,
-                ):
+                if woken(self._subs, self._wakeups, step.wake_on, self._clock()):
                     return  # the next attempt comes after them
                 continue  # released for another waiter of this loop: wait on
             if left <= 0:

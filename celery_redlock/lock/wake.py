@@ -79,7 +79,7 @@ import os
 import select
 import threading
 from collections import deque
-from typing import Callable, Collection, Final, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Collection, Final, Iterable, Mapping, Optional, Protocol, Sequence
 
 from redis import exceptions as rexc
 
@@ -130,15 +130,24 @@ class Releases:
         return False
 
 
+class Hearing(Protocol):
+    """What ``woken`` reads of a lock's wake-ups (``Wakeups``, asyncio's ``AsyncWakeups``)."""
+
+    releases: Releases
+    heard_enough: int
+
+
 def woken(
-    subs: Mapping[int, Subscriber], releases: Releases, now: float,
-    wake_on: Optional[Collection[int]] = None, enough: int = 1,
+    subs: Mapping[int, Subscriber], wakeups: Hearing, wake_on: Optional[Collection[int]],
+    now: float,
 ) -> bool:  # fmt: skip
     """Whether what ``subs`` (by node index) heard since the last look wakes their
-    waiter: a release it takes (``Releases``), heard on a node of ``wake_on`` (None:
-    any) -- if at least ``enough`` of those are heard (confirmed), else on any node.
-    What they heard is forgotten either way."""
-    if wake_on is not None and sum(1 for i in wake_on if i in subs and subs[i].confirmed) < enough:
+    waiter: a release it takes (``wakeups.releases``), heard on a node of ``wake_on``
+    (None: any) -- if at least ``wakeups.heard_enough`` of those are heard
+    (confirmed), else on any node. What they heard is forgotten either way."""
+    releases = wakeups.releases
+    heard_on = sum(1 for i in wake_on or () if i in subs and subs[i].confirmed)
+    if heard_on < wakeups.heard_enough:
         wake_on = None  # a quorum might free where none of them is heard: see module
     heard = [
         event for i, sub in subs.items() if wake_on is None or i in wake_on for event in sub.heard
@@ -320,13 +329,7 @@ class Listener:
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
                 self._poll(0.0)  # the same release's messages from the other nodes
-                if woken(
-                    self._subs,
-                    self._wakeups.releases,
-                    self._clock(),
-                    step.wake_on,
-                    self._wakeups.heard_enough,
-                ):
+                if woken(self._subs, self._wakeups, step.wake_on, self._clock()):
                     return  # the next attempt comes after them
                 continue  # released for another waiter here: this one waits on
             if left <= 0:

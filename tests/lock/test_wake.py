@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -326,6 +327,11 @@ def test_a_named_release_is_taken_once_and_an_unnamed_one_by_everyone() -> None:
     assert len(releases._taken) <= 300
 
 
+def _hearing(enough: int) -> Any:
+    """What ``woken`` reads of a lock's wake-ups: a fresh registry, how many to hear."""
+    return SimpleNamespace(releases=Releases(), heard_enough=enough)
+
+
 def test_after_a_quorum_refused_only_the_refusing_nodes_wake_while_enough_are_heard() -> None:
     """5 nodes, refused by 0-2: a message heard on node 4 alone does not wake, one on
     node 0 does. With two of the three refusing nodes not heard (fewer than N -
@@ -336,13 +342,13 @@ def test_after_a_quorum_refused_only_the_refusing_nodes_wake_while_enough_are_he
         sub.wanted, sub.watching = {channel}, {channel}
     refused = frozenset({0, 1, 2})
     subs[4].heard = [(channel, b"r1" * 20)]
-    assert not woken(subs, Releases(), 0.0, refused, enough=3)
+    assert not woken(subs, _hearing(3), refused, 0.0)
     assert subs[4].heard == []  # forgotten either way
     subs[0].heard = [(channel, b"r2" * 20)]
-    assert woken(subs, Releases(), 0.0, refused, enough=3)
+    assert woken(subs, _hearing(3), refused, 0.0)
     subs[1].denied = subs[2].denied = True  # their SUBSCRIBE refused: not heard
     subs[4].heard = [(channel, b"r3" * 20)]
-    assert woken(subs, Releases(), 0.0, refused, enough=3)
+    assert woken(subs, _hearing(3), refused, 0.0)
 
 
 def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
