@@ -98,12 +98,20 @@ def redlock_task(
 
 # -- the observer ----------------------------------------------------------------------------
 
-# INCR the occupancy and keep its maximum, atomically on the observer.
+# A body's entry, in one step on the observer (a SIGKILL cannot split it): INCR the
+# occupancy and keep its maximum, count the task id's bodies, push the start.
 _ENTER = """
 local now = redis.call('INCR', KEYS[1])
 local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
 if now > seen then redis.call('SET', KEYS[2], now) end
-return now
+local runs = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+redis.call('RPUSH', KEYS[4], ARGV[2])
+return {now, runs}
+"""
+# Its exit, in one step too: push the interval, DECR the occupancy.
+_LEAVE = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('DECR', KEYS[2])
 """
 
 _observer: Optional[tuple[int, redis.Redis]] = None
@@ -131,10 +139,8 @@ class Visit:
 
     def leave(self) -> None:
         end = time.monotonic_ns()
-        self.client.rpush(
-            f"intervals:{self.counter}", f"{self.task_id} {self.pid} {self.start} {end}"
-        )
-        self.client.decr(f"occ:{self.counter}")
+        keys = [f"intervals:{self.counter}", f"occ:{self.counter}"]
+        self.client.eval(_LEAVE, 2, *keys, f"{self.task_id} {self.pid} {self.start} {end}")
 
 
 def enter(task: RedlockTask, counter: str) -> Visit:
@@ -142,11 +148,10 @@ def enter(task: RedlockTask, counter: str) -> Visit:
     client = observer()
     task_id = task.request.id
     pid = os.getpid()
-    occupancy = int(client.eval(_ENTER, 2, f"occ:{counter}", f"max:{counter}"))
-    start = time.monotonic_ns()
-    runs = int(client.hincrby(f"runs:{counter}", task_id, 1))
-    client.rpush(f"starts:{counter}", f"{task_id} {pid} {start}")
-    return Visit(client, task_id, pid, counter, occupancy, start, runs)
+    start = time.monotonic_ns()  # before the entry is told: inside from then on
+    keys = [f"occ:{counter}", f"max:{counter}", f"runs:{counter}", f"starts:{counter}"]
+    occupancy, runs = client.eval(_ENTER, len(keys), *keys, task_id, f"{task_id} {pid} {start}")
+    return Visit(client, task_id, pid, counter, int(occupancy), start, int(runs))
 
 
 def heartbeats(client: redis.Redis, seconds: float, beats: str, until: Optional[str]) -> None:
