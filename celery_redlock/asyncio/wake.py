@@ -200,7 +200,7 @@ class AsyncListener:
             bound = step.longest if enough and step.longest is not None else step.seconds
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
-                if woken(self._subs, self._wakeups, step.wake_on, self._clock()):
+                if woken(self._subs, self._wakeups, step.wake_on, self._clock(), self):
                     return  # the next attempt comes after them
                 continue  # released for another waiter of this loop: wait on
             if left <= 0:

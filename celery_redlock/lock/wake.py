@@ -28,8 +28,12 @@ threads of one process queued on a key made 21 attempts for 6 releases (37 scrip
 on a node, 13-15 now), 8 asyncio tasks 96 scripts (17 now; tests/lock/test_wake.py
 and its asyncio twin count them on a node). A release is taken for ``TAKEN_FOR``
 seconds; read later (a waiter busy in a long round), it wakes one more waiter: one
-spare attempt. A taker's attempt that loses (it reached a node before the release
-it heard did) is undone, and the undo's message wakes the next waiter. An empty
+spare attempt. Its taker may take it again: an attempt made on the first messages
+can reach a node before the release does and be refused there by the releasing
+holder, and that node's message, coming after, is news to it (before, it was
+dropped as taken, and the taker slept through the release: tests/lock/
+test_wake.py). A taker's attempt that loses is undone, and the undo's message wakes
+the next waiter. An empty
 message (``clear``, ``force_release``, or a release script of a version before
 this one) wakes every waiter, as before.
 
@@ -106,26 +110,30 @@ Event = tuple[bytes, bytes]
 
 class Releases:
     """The releases this process's waiters were woken by (see module): each wakes
-    one waiter per process; an empty message wakes every waiter."""
+    one waiter per process -- the one that took it, as often as it hears it again --
+    and an empty message wakes every waiter."""
 
     def __init__(self) -> None:
-        self._taken: dict[Event, float] = {}
+        self._taken: dict[Event, tuple[float, object]] = {}  # -> when, and by whom
         self._lock = threading.Lock()  # threads; a green lock under gevent/eventlet
 
-    def take(self, heard: Iterable[Event], now: float) -> bool:
-        """Take the first release of ``heard`` no other waiter here took: True when
-        one was (the caller attempts for it), False when others took them all."""
+    def take(self, heard: Iterable[Event], now: float, taker: object) -> bool:
+        """Take for ``taker`` (a waiter) the first release of ``heard`` that no other
+        waiter here took: True when one was (the caller attempts for it), False when
+        others took them all. A release ``taker`` took before is its own again: its
+        attempt may have reached a node before the release did and lost there, and
+        what that node says now (its message came after the refusal) is news to it."""
         with self._lock:
             taken = self._taken
             if len(taken) > _REMEMBERED:
-                for event in [e for e, at in taken.items() if now - at > TAKEN_FOR]:
+                for event in [e for e, (at, _) in taken.items() if now - at > TAKEN_FOR]:
                     del taken[event]
             for event in heard:
                 if not event[1]:
                     return True  # unnamed: every waiter
-                at = taken.get(event)
-                if at is None or now - at > TAKEN_FOR:
-                    taken[event] = now
+                at, by = taken.get(event, (None, None))
+                if at is None or now - at > TAKEN_FOR or by is taker:
+                    taken[event] = (now, taker)
                     return True
         return False
 
@@ -139,10 +147,10 @@ class Hearing(Protocol):
 
 def woken(
     subs: Mapping[int, Subscriber], wakeups: Hearing, wake_on: Optional[Collection[int]],
-    now: float,
+    now: float, taker: object,
 ) -> bool:  # fmt: skip
     """Whether what ``subs`` (by node index) heard since the last look wakes their
-    waiter: a release it takes (``wakeups.releases``), heard on a node of ``wake_on``
+    waiter ``taker``: a release it takes (``wakeups.releases``), heard on a node of ``wake_on``
     (None: any) -- if at least ``wakeups.heard_enough`` of those are heard
     (confirmed), else on any node. What they heard is forgotten either way."""
     releases = wakeups.releases
@@ -154,7 +162,7 @@ def woken(
     ]
     for sub in subs.values():
         sub.heard = []
-    return bool(heard) and releases.take(heard, now)
+    return bool(heard) and releases.take(heard, now, taker)
 
 
 class Subscriber:
@@ -329,7 +337,7 @@ class Listener:
             left = started + bound - self._clock()
             if any(sub.heard for sub in self._subs.values()):
                 self._poll(0.0)  # the same release's messages from the other nodes
-                if woken(self._subs, self._wakeups, step.wake_on, self._clock()):
+                if woken(self._subs, self._wakeups, step.wake_on, self._clock(), self):
                     return  # the next attempt comes after them
                 continue  # released for another waiter here: this one waits on
             if left <= 0:

@@ -204,8 +204,11 @@ def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_task(
     """tests/lock/test_wake.py's storm, with waiting tasks: the holders keep a quorum
     and two of five nodes are free; each task's attempt wins those two, is refused
     on the rest and undone. Once both tasks wait, the nodes' count of scripts holds
-    still until a holder releases; then each task gets a permit in time."""
+    still until a holder releases; then each task gets a permit before its timeout
+    (with a limit, retry_delay is 5 s: two tasks splitting the last permit back off
+    at random by design, at most 7.5 s; a lost wake costs the whole timeout)."""
     urls, key = redis_nodes.urls, f"agranted-where-{limit}"
+    retry_delay = NEVER if limit == 1 else 5.0
     stray(urls, key, range(3, 5), limit)
     holder = Redlock(urls, ttl=NEVER, node_timeout=NODE_TIMEOUT)
     holders = [holder.acquire(key, blocking=False, limit=limit) for _ in range(limit)]
@@ -213,18 +216,18 @@ def test_a_lost_attempt_undone_where_it_was_granted_wakes_no_task(
     undo_strays(urls, key, limit)
 
     async def one(redlock: AsyncRedlock) -> None:
-        lease = await redlock.acquire(key, timeout=2 * HANG_GUARD, limit=limit)
+        lease = await redlock.acquire(key, timeout=HANG_GUARD, limit=limit)
         assert lease is not None
         assert await lease.release()
 
     async def main() -> None:
-        waiters = [_waiter(urls, ttl=NEVER) for _ in range(2)]  # a process each
+        waiters = [_waiter(urls, ttl=NEVER, retry_delay=retry_delay) for _ in range(2)]
         tasks = [asyncio.ensure_future(one(redlock)) for redlock in waiters]
         await wait_for(subscribed(urls, key, 2))
         await wait_for(steady(lambda: evalsha_calls(urls), quiet=1.0), guard=HANG_GUARD * 4)
         for lease in holders:
             assert lease is not None and await asyncio.to_thread(lease.release)
-        await asyncio.wait_for(asyncio.gather(*tasks), 2 * HANG_GUARD)
+        await asyncio.wait_for(asyncio.gather(*tasks), 2 * HANG_GUARD)  # past their timeout
         for redlock in waiters:
             redlock.close()
 
