@@ -31,11 +31,10 @@ seconds; read later (a waiter busy in a long round), it wakes one more waiter: o
 spare attempt. Its taker may take it again: an attempt made on the first messages
 can reach a node before the release does and be refused there by the releasing
 holder, and that node's message, coming after, is news to it (before, it was
-dropped as taken, and the taker slept through the release: tests/lock/
-test_wake.py). A taker's attempt that loses is undone, and the undo's message wakes
-the next waiter. An empty
-message (``clear``, ``force_release``, or a release script of a version before
-this one) wakes every waiter, as before.
+dropped as taken, and the taker slept through the release; tests/lock/test_wake.py).
+A taker's attempt that loses is undone, and the undo's message wakes the next
+waiter. An empty message (``clear``, ``force_release``, or a release script of a
+version before this one) wakes every waiter, as before.
 
 Only what can matter wakes (``Pause.wake_on``): after an attempt a quorum refused
 (one holder, or every permit taken), a waiter wakes only for messages from the
