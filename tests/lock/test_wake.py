@@ -344,13 +344,13 @@ def test_after_a_quorum_refused_only_the_refusing_nodes_wake_while_enough_are_he
         sub.wanted, sub.watching = {channel}, {channel}
     refused = frozenset({0, 1, 2})
     subs[4].heard = [(channel, b"r1" * 20)]
-    assert not woken(subs, _hearing(3), refused, 0.0, None)
+    assert not woken(subs, _hearing(3), refused, 0.0, object())
     assert subs[4].heard == []  # forgotten either way
     subs[0].heard = [(channel, b"r2" * 20)]
-    assert woken(subs, _hearing(3), refused, 0.0, None)
+    assert woken(subs, _hearing(3), refused, 0.0, object())
     subs[1].denied = subs[2].denied = True  # their SUBSCRIBE refused: not heard
     subs[4].heard = [(channel, b"r3" * 20)]
-    assert woken(subs, _hearing(3), refused, 0.0, None)
+    assert woken(subs, _hearing(3), refused, 0.0, object())
 
 
 def test_a_release_heard_again_from_the_nodes_that_refused_its_taker_wakes_it() -> None:
