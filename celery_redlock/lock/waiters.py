@@ -42,9 +42,12 @@ __all__ = [
     "claim_command",
     "claim_verdict",
     "claim_winner",
+    "claimed_by_another",
     "may_be_claimed_by",
+    "may_be_mine",
     "pop_command",
     "pop_next",
+    "read_claim",
     "register",
     "register_command",
 ]
@@ -63,10 +66,11 @@ def message_prefix(key: str) -> str:
 
 
 def register_command(key: str, waiter: str, score: int, message: str, ttl: float) -> Command:
-    """Put ``waiter`` in ``key``'s queue at ``score`` with ``message``, for ``ttl`` s."""
+    """Put ``waiter`` in ``key``'s queue at ``score`` with ``message``, for ``ttl`` s,
+    unless a copy of it has claimed it on that node."""
     return Command(
         scripts.REGISTER_WAITER,
-        [queue_key(key), message_prefix(key) + waiter],
+        [queue_key(key), message_prefix(key) + waiter, claim_key(key, waiter)],
         [waiter, score, message, ms(ttl)],
     )
 
@@ -104,7 +108,8 @@ class Waiter:
 def register(
     nodes: NodeSet, key: str, waiter: str, score: int, message: str, ttl: float, timeout: float
 ) -> int:
-    """Register on every node (best effort: the queue is a hint); how many took it."""
+    """Register on every node (best effort: the queue is a hint); how many took it (a
+    node where the waiter is claimed does not)."""
     results = nodes.round(register_command(key, waiter, score, message, ttl), timeout)
     return sum(1 for r in results if r == 1)
 
@@ -193,20 +198,31 @@ def claim(
     return Claim(claim_verdict(results, copy, quorum), errors, claim_winner(results, quorum))
 
 
+def read_claim(nodes: NodeSet, key: str, waiter: str, timeout: float) -> list[object]:
+    """The copy id each node's claim of ``waiter`` holds (nil where none; the error
+    where a node did not answer), in node order. One read round; changes nothing."""
+    results = nodes.round(read_claim_command(key, waiter), timeout)
+    return [r[0] if isinstance(r, list) and r else r for r in results]
+
+
 def may_be_claimed_by(
     nodes: NodeSet, quorum: int, key: str, waiter: str, copy: str, timeout: float
 ) -> bool:
-    """Whether ``waiter``'s claim is, or may yet prove to be, ``copy``'s: False only
-    when the nodes' replies rule it out even if every node that did not answer names
-    ``copy`` (another copy holds a quorum, or would win the plurality of a full
-    claim), and no node that answered names it. One read round; changes nothing.
+    """Whether ``waiter``'s claim is, or may yet prove to be, ``copy``'s (one read
+    round, :func:`read_claim`, judged by :func:`may_be_mine`).
 
     A claim is final once set, and only the message that won it carries its copy id:
     when that message's run dies in the body and the broker delivers it again, no
-    other copy of the waiter can ever run it (tasks/handoff.py, ``keep_own_claim``).
+    other copy of the waiter can ever run it (tasks/handoff.py, ``settle_by_claim``).
     """
-    results = nodes.round(read_claim_command(key, waiter), timeout)
-    values = [r[0] if isinstance(r, list) and r else r for r in results]
+    return may_be_mine(read_claim(nodes, key, waiter, timeout), copy, quorum)
+
+
+def may_be_mine(values: list[object], copy: str, quorum: int) -> bool:
+    """Whether the claim ``values`` read (:func:`read_claim`) is, or may yet prove to
+    be, ``copy``'s: False only when they rule it out even if every node that did not
+    answer names ``copy`` (another copy holds a quorum, or would win the plurality of
+    a full claim), and no node that answered names it."""
     judged = claim_verdict(values, copy, quorum)
     if judged in (CLAIM_WON, CLAIM_UNDECIDED):
         return True
@@ -218,6 +234,16 @@ def may_be_claimed_by(
     # the plurality of a claim every node holds (their claims are final).
     silent = [copy if not is_answer(value) else value for value in values]
     return claim_verdict(silent, copy, quorum) == CLAIM_WON
+
+
+def claimed_by_another(values: list[object], copy: str, quorum: int) -> Optional[str]:
+    """The copy id other than ``copy`` that the claim ``values`` read
+    (:func:`read_claim`) settle on for good -- one on a quorum, or the plurality of a
+    claim every node answered -- else None. Claims never change once set, so every
+    claim round of ``copy`` would lose to it: that copy ran the waiter, is running it,
+    or gave it up."""
+    winner = claim_winner(values, quorum)
+    return winner if winner is not None and winner != copy else None
 
 
 def _text(value: object) -> str:

@@ -16,12 +16,14 @@ task.py calls these:
   lock and claim runs; a later one gives the lock back and ends storing nothing
   (``Ignore``: the task id's result is the winner's). Claims are made under the lock,
   so they never race: with a minority of nodes down the claim is still decided.
-- :func:`keep_own_claim` -- a contended copy carrying a waiter id reads the claim: a
-  claim that is (or may be) its own copy id's was won by an earlier delivery of this
-  very message that died in the body (SIGKILL, redelivered by ``acks_late``): only
-  this message can still run the waiter, so it keeps its ids -- a wake does not go
-  back in the queue, a fallback takes no new copy id. A copy whose own claim round
-  was undecided keeps its ids for good, reading nothing (its requests may land late).
+- :func:`settle_by_claim` -- a contended copy carrying a waiter id reads the claim.
+  Another copy's for good: the waiter ran (or runs, or gave up) as that copy, and
+  this one ends storing nothing -- no retry, no registration, no wake. A claim that
+  is (or may be) its own copy id's was won by an earlier delivery of this very
+  message that died in the body (SIGKILL, redelivered by ``acks_late``): only this
+  message can still run the waiter, so it keeps its ids -- a wake does not go back
+  in the queue, a fallback takes no new copy id. A copy whose own claim round was
+  undecided keeps its ids for good, reading nothing (its requests may land late).
 - :func:`claim_to_give_up` -- a copy carrying a waiter id whose lock retries ran out
   claims the id before it skips or fails (a woken copy may still run the body).
 - :func:`wake_next` -- after a release, pop the earliest waiter and publish its
@@ -70,8 +72,8 @@ __all__ = [
     "claim_copy",
     "claim_to_give_up",
     "is_woken",
-    "keep_own_claim",
     "publish_retry",
+    "settle_by_claim",
     "wake_next",
 ]
 
@@ -152,7 +154,7 @@ def _undecided(
     """An undecided claim as the error a contended copy handles (it keeps its ids).
     Its requests may land after the round: the request now reads as carrying the
     claim-tried header (a worker's request holds headers as attributes), and so does
-    every copy published from it -- they keep the ids for good (keep_own_claim)."""
+    every copy published from it -- they keep the ids for good (settle_by_claim)."""
     task.request.redlock_keeps_ids = True
     setattr(task.request, CLAIM_TRIED_HEADER, 1)
     if verdict == handoff.CLAIM_SPLIT:
@@ -171,7 +173,7 @@ def publish_retry(
     bump ``request.retries``, which the body may use for its own backoff. With
     hand-off on, the copy also waits in the key's queue under its waiter id (see the
     module docstring); a copy whose claim was undecided, or is its own (see
-    :func:`keep_own_claim`), keeps its waiter and copy ids instead, and registers
+    :func:`settle_by_claim`), keeps its waiter and copy ids instead, and registers
     nothing.
     """
     request = task.request
@@ -203,19 +205,25 @@ def publish_retry(
     return ended
 
 
-def keep_own_claim(task: Any, key: str, options: TaskOptions) -> None:
-    """A contended copy carrying a waiter id: mark it to keep its waiter and copy ids
-    when the waiter's claim is, or may be, its own. Only one message carries the
-    claim's copy id, and its run died in the body if it meets the lock again (the
-    broker delivered it anew: ``acks_late`` with a killed worker or pool child, a
-    visibility timeout): every other copy of the waiter would lose the claim and be
-    dropped, so the task would never end. Kept, it retries as a fallback does, with
-    the same ids, and wins its claim once it wins the lock. One read round; a read
-    that fails keeps the ids too.
+def settle_by_claim(task: Any, key: str, options: TaskOptions) -> None:
+    """A contended copy carrying a waiter id reads the waiter's claim (one round):
 
-    A copy whose ids already tried a claim that was undecided keeps them without
-    reading: its requests may land after any read (a read seeing nil on every node,
-    then its late requests naming it on a quorum), so no read can rule it out."""
+    - another copy holds it for good (:func:`~celery_redlock.lock.waiters.claimed_by_another`)
+      -> ``Ignore``, storing nothing: that copy ran the waiter, runs it or gave it up,
+      and this one could only lose the claim -- after taking a lease a waiter needs, had
+      it retried (and its wake, had it gone back in the queue). The task id's result is
+      that copy's.
+    - the claim is, or may be, its own -> it keeps its waiter and copy ids. Only one
+      message carries the claim's copy id, and its run died in the body if it meets
+      the lock again (the broker delivered it anew: ``acks_late`` with a killed worker
+      or pool child, a visibility timeout): every other copy of the waiter would lose
+      the claim and be dropped, so the task would never end. Kept, it retries as a
+      fallback does, with the same ids, and wins its claim once it wins the lock.
+
+    A read that fails keeps the ids. A copy whose ids already tried a claim that was
+    undecided keeps them without reading: its requests may land after any read (a read
+    seeing nil on every node, then its late requests naming it on a quorum), so no read
+    can rule it out."""
     request = task.request
     waiter, copy = header(request, WAITER_HEADER), header(request, COPY_HEADER)
     if not waiter or not copy or request.is_eager or getattr(request, "redlock_keeps_ids", False):
@@ -225,13 +233,19 @@ def keep_own_claim(task: Any, key: str, options: TaskOptions) -> None:
         return
     try:
         redlock = _redlock(task, options)
-        mine = handoff.may_be_claimed_by(
-            redlock.node_set, redlock.quorum, key, str(waiter), str(copy), redlock.node_timeout
-        )
+        values = handoff.read_claim(redlock.node_set, key, str(waiter), redlock.node_timeout)
     except Exception:  # cannot tell: keeping the ids loses nothing but the queue's hint
         logger.debug("hand-off: reading the claim of %s failed", key, exc_info=True)
-        mine = True
-    if mine:
+        request.redlock_keeps_ids = True
+        return
+    winner = handoff.claimed_by_another(values, str(copy), redlock.quorum)
+    if winner is not None:
+        logger.info(
+            "hand-off: task %s[%s] key %s: waiter %s already ran as another copy -> dropped",
+            task.name, request.id, key, waiter,
+        )  # fmt: skip
+        raise Ignore(f"hand-off: waiter {waiter} of lock {key} is another copy's")
+    if handoff.may_be_mine(values, str(copy), redlock.quorum):
         request.redlock_keeps_ids = True
 
 

@@ -324,7 +324,8 @@ class RedlockTask(Task):  # type: ignore[misc]
         split = isinstance(exc, LockContended) and exc.split
         if holder and not (split or request.is_eager) and redelivery.is_earlier_run(self, holder):
             raise redelivery.wait_for_earlier_run(self, key, options, holder, ttl)
-        waiting.keep_own_claim(self, key, options)  # a redelivered claimant keeps its ids
+        # Ignore when another copy of its waiter ran; a redelivered claimant keeps its ids.
+        waiting.settle_by_claim(self, key, options)
         if waiting.is_woken(self) and not (outage or request.redlock_keeps_ids):
             raise waiting.back_in_queue(self, key, options, holder, ttl)
         eager_left = None

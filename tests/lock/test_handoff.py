@@ -16,8 +16,11 @@ from celery_redlock.lock.waiters import (
     CLAIM_UNDECIDED,
     CLAIM_WON,
     claim,
+    claim_key,
     claim_verdict,
+    claimed_by_another,
     pop_next,
+    read_claim,
     register,
 )
 from celery_redlock.testing import RedisNodes, RedisNodesFactory
@@ -84,6 +87,34 @@ def test_a_redelivered_copy_finds_its_own_claim(three: RedisNodes) -> None:
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT) == (CLAIM_WON, {}, "copy-a")
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
     assert claim(nodes, 2, "k", "w", "copy-b", 60.0, TIMEOUT).verdict == CLAIM_LOST
+
+
+def test_a_claimed_waiter_is_not_queued_again(three: RedisNodes) -> None:
+    """A copy of the waiter claimed it (the claim takes it out of the queue): a later
+    copy registering it again, as a contended fallback would, is refused on every node
+    that holds the claim, and no release wakes it."""
+    nodes = Redlock(three.urls).node_set
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 3
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 0
+    assert pop_next(nodes, "k", TIMEOUT) is None
+    three[0].client().delete(claim_key("k", "w"))  # a node that lost the claim (restarted)
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 1
+
+
+def test_a_claim_read_names_the_copy_it_settled_on_only_when_settled(three: RedisNodes) -> None:
+    nodes = Redlock(three.urls).node_set
+    assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
+    values = read_claim(nodes, "k", "w", TIMEOUT)
+    assert claimed_by_another(values, "copy-b", 2) == "copy-a"
+    assert claimed_by_another(values, "copy-a", 2) is None
+    assert claimed_by_another(read_claim(nodes, "k", "unclaimed", TIMEOUT), "copy-b", 2) is None
+    # On one node of three: any copy may still win it on the other two.
+    three[0].client().set(claim_key("k", "w2"), "copy-a", px=60_000)
+    assert claimed_by_another(read_claim(nodes, "k", "w2", TIMEOUT), "copy-b", 2) is None
+    three[1].client().set(claim_key("k", "w2"), "copy-a", px=60_000)
+    three[2].kill()  # on a quorum, the third node silent: settled
+    assert claimed_by_another(read_claim(nodes, "k", "w2", TIMEOUT), "copy-b", 2) == "copy-a"
 
 
 def test_a_claim_that_too_few_nodes_answer_is_undecided(three: RedisNodes) -> None:

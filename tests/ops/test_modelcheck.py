@@ -290,7 +290,11 @@ def test_cli_prints_the_table_and_writes_json(
 
 # -- hand-off to waiting duplicates (tools/modelcheck/handoff.py) ------------------- #
 
-from celery_redlock.lock.waiters import may_be_claimed_by  # noqa: E402
+from celery_redlock.lock.waiters import (  # noqa: E402
+    claimed_by_another,
+    may_be_claimed_by,
+    read_claim,
+)
 from celery_redlock.wire.node_set import NodeSet  # noqa: E402
 from tools.modelcheck.handoff import (  # noqa: E402
     LOST,
@@ -407,12 +411,17 @@ def test_a_copy_whose_claim_round_ended_early_keeps_its_ids_for_good(
     marked = handoff_results["handoff-late-claim"]
     assert marked.outcome == SAFE and marked.kept > 0, "\n".join(marked.trace)
     # Without the mark: the read sees no claim, the copy takes a fresh copy id, its
-    # late requests then land and name the old one -- no copy can win any more.
+    # late requests then land and name the old one -- no copy can win any more: the
+    # next copy loses the claim to copy 1, or reads it settled on copy 1 and ends.
     trace = handoff_results["handoff-late-claim-no-mark"].trace
     read = next(i for i, line in enumerate(trace) if "reads claim w1.1" in line)
     assert "not its own" in trace[read]
     assert any("claim w1.1 by copy 1: holds 1" in line for line in trace[read:])
-    assert any("loses claim w1.1" in line and "to copy 1" in line for line in trace)
+    assert any(
+        ("loses claim w1.1" in line and "to copy 1" in line)
+        or ("reads claim w1.1 ([1, 1, 1])" in line and "another copy's for good" in line)
+        for line in trace[read + 1 :]
+    ), "\n".join(trace)
 
 
 class _Replies:
@@ -428,10 +437,11 @@ class _Replies:
 @pytest.mark.parametrize("nodes", [3, 5])
 def test_the_models_claim_read_is_the_packages(nodes: int) -> None:
     """Every read of N nodes (a copy id, nil, or no answer from each; ids 0..2, one of
-    them the reader's): the model keeps the ids exactly when the package does."""
+    them the reader's): the model keeps the ids, and drops the copy, exactly when the
+    package does."""
     model = HandoffModel(HandoffScenario("read", "", nodes=nodes))
     quorum = nodes // 2 + 1
-    seen = 0
+    seen = drops = 0
     for answers in itertools.product([None, NIL, 0, 1, 2], repeat=nodes):
         results: list[object] = [
             ConnectionError("down") if a is None else [None if a == NIL else str(a), 1000]
@@ -444,7 +454,13 @@ def test_the_models_claim_read_is_the_packages(nodes: int) -> None:
             )
             assert model.may_be_claimed_by(replies, copy) == package, (answers, copy)
             seen += package
+            values = read_claim(cast(NodeSet, _Replies(results)), "k", "w", 1.0)
+            dropped = claimed_by_another(values, str(copy), quorum) is not None
+            assert model.claimed_by_another(replies, copy) == dropped, (answers, copy)
+            assert not (dropped and package), (answers, copy)  # never both
+            drops += dropped
     assert 0 < seen < 3 * 5**nodes  # both verdicts met
+    assert 0 < drops < 3 * 5**nodes
 
 
 def test_a_claim_the_silent_nodes_could_give_to_the_reader_by_plurality_may_be_its_own() -> None:

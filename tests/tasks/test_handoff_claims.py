@@ -42,7 +42,7 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, task_postrun
 
 from celery_redlock import Redlock, RedlockTask
 from celery_redlock.lock import waiters
@@ -66,6 +66,28 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
     with RedisNodes(5) as nodes:
         nodes[4].kill()  # a minority down: the lock's quorum (3 of 5) is fine
         yield from worker_test_app("claims", redis_server, nodes, 0.05, 0.1)
+
+
+def counting_task(app: Celery, name: str) -> tuple[Any, Counter[str]]:
+    """A task ``c.<name>`` on lock key ``<name>:{tag}`` (lock retries 0.2-0.5 s apart)
+    whose body counts its runs per task id, and the counter."""
+    runs: Counter[str] = Counter()
+
+    @app.task(
+        shared=False, bind=True, base=RedlockTask, redlock_key=f"{name}:{{tag}}",
+        name=f"c.{name}", redlock_ttl=5, redlock_retry_backoff=0.2,
+        redlock_retry_backoff_max=0.5,
+    )  # fmt: skip
+    def counted(self: Any, tag: str) -> str:
+        runs[self.request.id] += 1
+        return "ran"
+
+    return counted, runs
+
+
+def live_clients(app: Celery) -> list[redis.Redis]:
+    """Clients of the 4 lock nodes that are up (the fifth is down)."""
+    return [redis.Redis.from_url(url) for url in app.conf.redlock_nodes[:4]]
 
 
 def test_a_waiters_wake_and_fallback_racing_with_a_node_down_run_the_body_once(
@@ -141,19 +163,65 @@ def test_a_claimant_delivered_again_after_its_run_died_runs_once_the_lock_frees(
     assert runs == Counter({result.id: 1})
 
 
+@pytest.mark.parametrize("woken", [True, False], ids=["wake", "fallback"])
+def test_a_copy_meeting_the_lock_after_another_copy_claimed_its_waiter_ends_at_once(
+    app: Celery, recorder: Recorder, woken: bool
+) -> None:
+    """Another copy of its waiter won the claim (it ran the body, runs it, or gave up):
+    a copy of that waiter meeting the lock is dropped there -- no lock retry, no queue
+    entry, no wake later -- rather than retrying until it wins a lease only to lose the
+    claim, and wake the next waiter late. The task id's result stays the winner's."""
+    settled, runs = counting_task(app, "settled")
+
+    options = settled.redlock_options()
+    redlock = Redlock(app.conf.redlock_nodes)
+    key = settled.lock_key((), {"tag": "t"})
+    waiter, task_id = str(uuid4()), str(uuid4())
+    won = waiters.claim(
+        redlock.node_set, redlock.quorum, key, waiter, "the-winner", options.handoff_claim_ttl,
+        redlock.node_timeout,
+    )  # fmt: skip
+    assert won.verdict == waiters.CLAIM_WON
+    app.backend.store_result(task_id, "ran by the winner", "SUCCESS")
+    blocker = redlock.acquire(key, ttl=HANG_GUARD, holder="another-duplicate")
+    assert blocker is not None
+    published: list[str] = []
+    ended = threading.Event()
+
+    def seen(sender: str, headers: dict[str, Any], **_: Any) -> None:
+        if sender == "c.settled":
+            published.append(headers["id"])
+
+    def done(sender: Any = None, **kwargs: Any) -> None:
+        if kwargs.get("task_id") == task_id:
+            ended.set()
+
+    headers: dict[str, Any] = {WAITER_HEADER: waiter, COPY_HEADER: str(uuid4())}
+    if woken:
+        headers[WOKEN_HEADER] = 1
+    before_task_publish.connect(seen, weak=False)
+    task_postrun.connect(done, weak=False)
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            settled.apply_async(kwargs={"tag": "t"}, headers=headers, task_id=task_id)
+            assert ended.wait(HANG_GUARD)
+            time.sleep(0.2)  # anything it published would be seen by now
+    finally:
+        before_task_publish.disconnect(seen)
+        task_postrun.disconnect(done)
+        blocker.release()
+    assert published == [task_id]  # the test's own message, nothing after it
+    assert recorder.of("lock_contended") == []  # dropped before retrying
+    queues = [c.zcard(waiters.queue_key(key)) for c in live_clients(app)]
+    assert queues == [0, 0, 0, 0]
+    assert AsyncResult(task_id, app=app).get(timeout=HANG_GUARD) == "ran by the winner"
+    assert runs == Counter()
+
+
 def test_a_copy_whose_claim_round_was_undecided_runs_when_its_late_claim_lands(
     app: Celery, recorder: Recorder
 ) -> None:
-    runs: Counter[str] = Counter()
-
-    @app.task(
-        shared=False, bind=True, base=RedlockTask, redlock_key="late:{tag}",
-        name="c.late", redlock_ttl=5, redlock_retry_backoff=0.2,
-        redlock_retry_backoff_max=0.5,
-    )  # fmt: skip
-    def late(self: Any, tag: str) -> str:
-        runs[self.request.id] += 1
-        return "ran"
+    late, runs = counting_task(app, "late")
 
     options = late.redlock_options()
     redlock = Redlock(app.conf.redlock_nodes)
@@ -183,22 +251,13 @@ def test_a_copy_whose_claim_is_split_is_published_again_marked_and_keeps_its_ids
     gives the lock back and is published again with the same ids and the claim-tried
     mark; once one more node names it (the other claim expired there, its own request
     landed), it wins and runs."""
-    runs: Counter[str] = Counter()
-
-    @app.task(
-        shared=False, bind=True, base=RedlockTask, redlock_key="split:{tag}",
-        name="c.split", redlock_ttl=5, redlock_retry_backoff=0.2,
-        redlock_retry_backoff_max=0.5,
-    )  # fmt: skip
-    def split(self: Any, tag: str) -> str:
-        runs[self.request.id] += 1
-        return "ran"
+    split, runs = counting_task(app, "split")
 
     options = split.redlock_options()
     key = split.lock_key((), {"tag": "t"})
     waiter, copy = str(uuid4()), str(uuid4())
     claim = waiters.claim_key(key, waiter)
-    clients = [redis.Redis.from_url(url) for url in app.conf.redlock_nodes[:4]]
+    clients = live_clients(app)
     ttl_ms = int(options.handoff_claim_ttl * 1000)
     for client, named in zip(clients, ["another-copy", "another-copy", copy, copy]):
         client.set(claim, named, px=ttl_ms)

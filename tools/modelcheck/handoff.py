@@ -132,6 +132,11 @@ class HandoffScenario:
     #: when the claim is, or may be, its own (else: the rule before redelivery was
     #: looked at, a control).
     claim_read: bool = True
+    #: which read drops the copy (it ends storing nothing): "final" (the protocol:
+    #: another copy's claim on a quorum, or the plurality of a claim every node
+    #: holds), "never" (the rule before: it goes on as any contended copy), "any"
+    #: (any node naming another copy: a bug, a control).
+    drop_on_read: str = "final"
     #: a copy re-published after its own claim round was undecided is marked (the
     #: claim-tried header) and keeps its ids for good, reading nothing: its requests
     #: may land after any read (else: it reads like any copy, a control).
@@ -537,9 +542,29 @@ class HandoffModel:
         counts[copy] = sc.nodes - len(replies)  # every silent node naming it
         return min(counts, key=lambda v: (-counts[v], v)) == copy
 
+    def claimed_by_another(self, replies: tuple[int, ...], copy: int) -> bool:
+        """The read's drop verdict, as lock/waiters.py's ``claimed_by_another`` gives it:
+        another copy's claim on a quorum, or, every node answering with one, another
+        copy's plurality (ties to the smallest)."""
+        named = [v for v in replies if v != NIL]
+        counts = {v: named.count(v) for v in set(named)}
+        if any(n >= self.sc.quorum and v != copy for v, n in counts.items()):
+            return True
+        if len(named) == self.sc.nodes:
+            return min(counts, key=lambda v: (-counts[v], v)) != copy
+        return False
+
+    def _dropped(self, replies: tuple[int, ...], copy: int) -> bool:
+        rule = self.sc.drop_on_read
+        if rule == "any":
+            return any(v not in (NIL, copy) for v in replies)
+        return rule == "final" and self.claimed_by_another(replies, copy)
+
     def _read(self, rest: State, p: Proc, who: str, early: bool) -> list[Step]:
         late = ", deadline passed" if early else ""
         read = f"reads claim {_wid(p.task, p.wid)} ({_values(p.replies)}{late})"
+        if self._dropped(p.replies, p.copy):
+            return [(f"{who} {read}: another copy's for good: stores nothing", rest, None)]
         if not self.may_be_claimed_by(p.replies, p.copy):
             return self._contended(rest, p._replace(replies=()), f"{who} {read}: not its own;")
         return self._keep(rest, p, f"{who} {read}: may be its own,")

@@ -245,6 +245,18 @@ def handoff_scenarios() -> list[HandoffScenario]:
             **control,  # type: ignore[arg-type]
         ),
         HandoffScenario(
+            "handoff-crash-redelivery-drop-on-any-node",
+            "control: a crash and its redelivery, a contended copy dropped when any node's "
+            "claim names another copy (not a claim settled for good)",
+            redeliver=True,
+            crash_claimants_only=True,
+            down=1,
+            dup_wakes=0,
+            drop_on_read="any",
+            expect_kind=LOST,
+            **control,  # type: ignore[arg-type]
+        ),
+        HandoffScenario(
             "handoff-late-claim",
             "from a claim whose round ended before its requests landed (three lock retries, "
             "one spent; its requests still on their way): the copy keeps its ids for good; "
