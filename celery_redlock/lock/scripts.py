@@ -332,12 +332,16 @@ return out
 REGISTER_WAITER: Final = Script(
     """
 -- KEYS[1] the key's waiter queue (sorted set); KEYS[2] this waiter's message key;
--- KEYS[3] this waiter's claim key
+-- KEYS[3] this waiter's claim key; KEYS[4] what is there while the lock is taken (the
+-- lock key itself, a limit's note that every permit is taken), if given
 -- ARGV[1] waiter id; ARGV[2] score (the task's first arrival, ms); ARGV[3] the message
 -- to publish when woken; ARGV[4] entry ttl in ms
--- returns 1; 0 when the waiter is claimed here (a copy of it ran or runs: a wake of it
--- could only lose the claim). The message key expires by itself (a dead waiter's entry
--- goes with it); the queue lives at least as long as its newest entry.
+-- returns 1: queued; 2: queued, and KEYS[4] is not here (the lock, a permit, freed
+-- since the waiter was refused: a release may have come before this registration,
+-- woken nobody, and the caller wakes the queue itself); 0: the waiter is claimed here
+-- (a copy of it ran or runs: a wake of it could only lose the claim), not queued.
+-- The message key expires by itself (a dead waiter's entry goes with it); the queue
+-- lives at least as long as its newest entry.
 if redis.call('exists', KEYS[3]) == 1 then
   return 0
 end
@@ -345,6 +349,9 @@ redis.call('zadd', KEYS[1], ARGV[2], ARGV[1])
 redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[4])
 if redis.call('pttl', KEYS[1]) < tonumber(ARGV[4]) then
   redis.call('pexpire', KEYS[1], ARGV[4])
+end
+if KEYS[4] and redis.call('exists', KEYS[4]) == 0 then
+  return 2
 end
 return 1
 """

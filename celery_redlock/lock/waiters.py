@@ -30,13 +30,14 @@ from . import scripts
 from .acquire_replies import CONTENDED, GRANTED, UNAVAILABLE, verdict
 from .commands import ms
 from .quorum import is_answer
-from .stored import INTERNAL
+from .stored import INTERNAL, LIMIT, permit_full
 
 __all__ = [
     "CLAIM_LOST",
     "CLAIM_SPLIT",
     "CLAIM_UNDECIDED",
     "CLAIM_WON",
+    "Registration",
     "Waiter",
     "claim",
     "claim_command",
@@ -65,14 +66,19 @@ def message_prefix(key: str) -> str:
     return f"{key}{INTERNAL}waiter{INTERNAL}"
 
 
-def register_command(key: str, waiter: str, score: int, message: str, ttl: float) -> Command:
+def register_command(
+    key: str, waiter: str, score: int, message: str, ttl: float, limit: Optional[int] = 1
+) -> Command:
     """Put ``waiter`` in ``key``'s queue at ``score`` with ``message``, for ``ttl`` s,
-    unless a copy of it has claimed it on that node."""
-    return Command(
-        scripts.REGISTER_WAITER,
-        [queue_key(key), message_prefix(key) + waiter, claim_key(key, waiter)],
-        [waiter, score, message, ms(ttl)],
-    )
+    unless a copy of it has claimed it on that node; and tell whether ``key`` looks
+    taken there (``limit`` 1: the lock key; N: the note that all N permits are taken;
+    None: nothing to tell, as taken)."""
+    keys = [queue_key(key), message_prefix(key) + waiter, claim_key(key, waiter)]
+    if limit == 1:
+        keys.append(key)
+    elif limit is not None:
+        keys.append(permit_full(key, LIMIT))
+    return Command(scripts.REGISTER_WAITER, keys, [waiter, score, message, ms(ttl)])
 
 
 def pop_command(key: str) -> Command:
@@ -105,13 +111,31 @@ class Waiter:
     message: str
 
 
+class Registration(NamedTuple):
+    """A registration round's outcome."""
+
+    #: The nodes that queued the waiter (a node where it is claimed does not).
+    queued: int
+    #: Of those, the nodes where the lock (with a limit, a permit) was free by then.
+    free: int
+
+
 def register(
-    nodes: NodeSet, key: str, waiter: str, score: int, message: str, ttl: float, timeout: float
-) -> int:
-    """Register on every node (best effort: the queue is a hint); how many took it (a
-    node where the waiter is claimed does not)."""
-    results = nodes.round(register_command(key, waiter, score, message, ttl), timeout)
-    return sum(1 for r in results if r == 1)
+    nodes: NodeSet, key: str, waiter: str, score: int, message: str, ttl: float,
+    timeout: float, limit: Optional[int] = 1,
+) -> Registration:  # fmt: skip
+    """Register on every node (best effort: the queue is a hint), reading in the same
+    script whether ``key`` is still taken there (see :func:`register_command`).
+
+    A release between the waiter's refused attempt and its registration found it
+    not queued and may have woken nobody; on a node where it did, the release came
+    first, so the registration there sees the lock (a permit) free: the caller wakes
+    the queue itself when a quorum of nodes does (``free``)."""
+    command = register_command(key, waiter, score, message, ttl, limit)
+    results = nodes.round(command, timeout)
+    return Registration(
+        queued=sum(1 for r in results if r in (1, 2)), free=sum(1 for r in results if r == 2)
+    )
 
 
 def pop_next(nodes: NodeSet, key: str, timeout: float) -> Optional[Waiter]:

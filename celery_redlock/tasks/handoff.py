@@ -5,9 +5,9 @@ task.py calls these:
 - :func:`publish_retry` -- a contended copy's lock retry. With hand-off on it also
   registers the copy's waiter id on the lock nodes (lock/waiters.py) with the message
   to run when woken -- a copy that already carries a waiter id registers that same
-  id again, at its first place -- publishes its fallback retry as before, and looks
-  at the lock once more: a release that came before the registration woke nobody, so
-  it wakes the queue itself.
+  id again, at its first place -- publishes its fallback retry as before, and wakes
+  the queue itself when the registration found the lock (a permit) free on a quorum:
+  a release that came before the registration woke nobody.
 - :func:`back_in_queue` -- a *woken* copy that did not win the lock (a newcomer took
   it first) registers its waiter id again and ends, storing nothing: its fallback is
   still due and is the one that counts lock retries.
@@ -190,8 +190,11 @@ def publish_retry(
     if keep or waiter is not None:  # a copy that waits again keeps its place
         headers[ARRIVAL_HEADER] = header(request, ARRIVAL_HEADER) or int(time.time() * 1000)
     signature = copy_signature(task, headers)
+    registration = None
     if waiter is not None:
-        _register(task, key, options, waiter, headers[ARRIVAL_HEADER], signature, countdown)
+        registration = _register(
+            task, key, options, waiter, headers[ARRIVAL_HEADER], signature, countdown
+        )
         headers[COPY_HEADER] = uuid()  # the fallback's own copy id
     # A copy that already carries a waiter id has siblings (its wake, its fallback)
     # that may have run and stored SUCCESS by now: RETRY was stored when the waiter
@@ -200,8 +203,7 @@ def publish_retry(
     ended = publish_again(
         task, signature, headers, countdown, f"lock retry in {countdown:.1f}s", shown
     )
-    if waiter is not None:
-        _look_again(task, key, options)
+    _look_again(task, key, options, registration)
     return ended
 
 
@@ -274,19 +276,22 @@ def back_in_queue(
     headers[WAITER_HEADER] = waiter
     headers[ARRIVAL_HEADER] = header(request, ARRIVAL_HEADER) or int(time.time() * 1000)
     signature = copy_signature(task, headers)
-    _register(
+    registration = _register(
         task, key, options, waiter, headers[ARRIVAL_HEADER], signature,
         options.retry_backoff_max,
     )  # fmt: skip
-    _look_again(task, key, options)
+    _look_again(task, key, options, registration)
     return Ignore(f"hand-off: woken too early, back in the queue of {key}")
 
 
-def _look_again(task: Any, key: str, options: TaskOptions) -> None:
-    """The release we wait for may have come before we registered and woken nobody.
-    Only a mutex can be read for that (a limit's permits have no one holder to
-    read); a limited copy's fallback covers it, later."""
-    if options.limit == 1 and _lock_looks_free(task, key, options):
+def _look_again(
+    task: Any, key: str, options: TaskOptions, registration: Optional[handoff.Registration]
+) -> None:
+    """The release we wait for may have come before we registered and woken nobody:
+    the registration read, on each node, whether the lock (a permit) was still taken
+    there (lock/waiters.py, ``register``); where a quorum found it free, wake the
+    queue ourselves."""
+    if registration is not None and registration.free >= _redlock(task, options).quorum:
         wake_next(task, key, options)
 
 
@@ -298,25 +303,20 @@ def _register(
     arrival: int,
     signature: Any,
     countdown: float,
-) -> None:
+) -> Optional[handoff.Registration]:
     """Best effort: a copy not registered (or not serialisable as JSON) still has
-    its fallback."""
+    its fallback; None then."""
+    limit = options.limit if isinstance(options.limit, int) else None  # None: unlimited
     try:
         message = dumps(dict(signature))  # type: ignore[no-untyped-call]
         redlock = _redlock(task, options)
-        handoff.register(
+        return handoff.register(
             redlock.node_set, key, waiter, int(arrival), message,
-            countdown + options.ttl, redlock.node_timeout,
+            countdown + options.ttl, redlock.node_timeout, limit,
         )  # fmt: skip
     except Exception:  # the queue is a hint; the fallback is what counts
         logger.debug("hand-off: registering a waiter for %s failed", key, exc_info=True)
-
-
-def _lock_looks_free(task: Any, key: str, options: TaskOptions) -> bool:
-    try:
-        return _redlock(task, options).holder(key).holder is None
-    except Exception:  # a wake is a hint: when in doubt, leave it to the release
-        return False
+        return None
 
 
 def wake_next(task: Any, key: str, options: TaskOptions, *, settled: bool = False) -> bool:

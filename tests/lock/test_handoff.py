@@ -36,7 +36,7 @@ def three(redis_nodes_factory: RedisNodesFactory) -> RedisNodes:
 def test_waiters_are_popped_in_arrival_order_once_each(three: RedisNodes) -> None:
     nodes = Redlock(three.urls).node_set
     for name, score in (("w-late", 300), ("w-first", 100), ("w-mid", 200)):
-        assert register(nodes, "k", name, score, f"message {name}", 30.0, TIMEOUT) == 3
+        assert register(nodes, "k", name, score, f"message {name}", 30.0, TIMEOUT).queued == 3
     popped = [pop_next(nodes, "k", TIMEOUT) for _ in range(4)]
     assert [p.waiter if p else None for p in popped] == ["w-first", "w-mid", "w-late", None]
     assert popped[0] is not None and popped[0].message == "message w-first"
@@ -94,12 +94,33 @@ def test_a_claimed_waiter_is_not_queued_again(three: RedisNodes) -> None:
     copy registering it again, as a contended fallback would, is refused on every node
     that holds the claim, and no release wakes it."""
     nodes = Redlock(three.urls).node_set
-    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 3
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT).queued == 3
     assert claim(nodes, 2, "k", "w", "copy-a", 60.0, TIMEOUT).verdict == CLAIM_WON
-    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 0
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT).queued == 0
     assert pop_next(nodes, "k", TIMEOUT) is None
     three[0].client().delete(claim_key("k", "w"))  # a node that lost the claim (restarted)
-    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT) == 1
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT).queued == 1
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_registration_tells_whether_the_lock_is_still_taken(
+    three: RedisNodes, limit: int
+) -> None:
+    """Read in the registration's own script, per node: the lock key (a mutex) or the
+    note that every permit is taken, which a refused attempt leaves and any release
+    clears."""
+    redlock = Redlock(three.urls)
+    nodes = redlock.node_set
+    leases = [redlock.acquire("k", ttl=30, holder=f"h{i}", limit=limit) for i in range(limit)]
+    assert all(leases)
+    if limit > 1:
+        assert redlock.acquire("k", ttl=30, holder="refused", limit=limit, blocking=False) is None
+    taken = register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT, limit)
+    assert taken == (3, 0)
+    leases[0].release()  # type: ignore[union-attr]
+    freed = register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT, limit)
+    assert freed == (3, 3)
+    assert register(nodes, "k", "w", 1, "message", 30.0, TIMEOUT, None) == (3, 0)
 
 
 def test_a_claim_read_names_the_copy_it_settled_on_only_when_settled(three: RedisNodes) -> None:

@@ -206,7 +206,8 @@ def test_reentry_rates_hand_off_and_queue_places_keep_their_keys_in_one_slot(
     assert [redlock.admit("rated", "2/s") for _ in range(2)] == [0.0, 0.0]
     assert redlock.admit("rated", "2/s") > 0  # the third start waits for the window
     nodes = redlock.node_set
-    assert register(nodes, "ho", "w-1", 1, "message one", 30.0, 0.5) == 1
+    assert register(nodes, "ho", "w-1", 1, "message one", 30.0, 0.5) == (1, 1)
+    assert register(nodes, "ho", "w-2", 2, "message two", 30.0, 0.5, limit=3) == (1, 1)
     popped = pop_next(nodes, "ho", 0.5)
     assert popped is not None and popped.message == "message one"
     assert claim(nodes, 1, "ho", "w-1", "copy-a", 30.0, 0.5).verdict == CLAIM_WON
