@@ -412,11 +412,13 @@ def test_a_release_wakes_one_waiter_of_a_process_not_every_one(
     for thread in threads:
         thread.join(2 * HANG_GUARD)
     assert sorted(order) == [f"t{i}" for i in range(waiters)]
-    # The first release, then one acquire and one release per thread, and now and
-    # then a woken thread's attempt that reached a node before the release it heard
-    # did (refused there, undone: the undo's message wakes the next). Woken all at
-    # each release, they made 6 + 5 + ... + 1 = 21 attempts (37 calls here).
-    assert evalsha_calls(urls) - before <= 1 + 3 * waiters
+    # The first release, then one acquire and one release per thread: 13 calls in
+    # most runs. Now and then a woken thread's attempt reaches a node before the
+    # release it heard did: refused there and undone, it takes that release again when
+    # the node's message comes, while its undo's message wakes a sibling, whose
+    # attempt races it (in 30 runs: 13 calls in half, 15-23 in most others, 27 once).
+    # Woken all at each release, they made 6 + 5 + ... + 1 = 21 attempts (37 calls).
+    assert evalsha_calls(urls) - before <= 1 + 5 * waiters
     redlock.close()
 
 
