@@ -546,13 +546,8 @@ class HandoffModel:
         """The read's drop verdict, as lock/waiters.py's ``claimed_by_another`` gives it:
         another copy's claim on a quorum, or, every node answering with one, another
         copy's plurality (ties to the smallest)."""
-        named = [v for v in replies if v != NIL]
-        counts = {v: named.count(v) for v in set(named)}
-        if any(n >= self.sc.quorum and v != copy for v, n in counts.items()):
-            return True
-        if len(named) == self.sc.nodes:
-            return min(counts, key=lambda v: (-counts[v], v)) != copy
-        return False
+        winner = claim_winner(tuple(v for v in replies if v != NIL), self.sc.nodes)
+        return winner is not None and winner != copy
 
     def _dropped(self, replies: tuple[int, ...], copy: int) -> bool:
         rule = self.sc.drop_on_read
