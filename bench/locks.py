@@ -619,7 +619,7 @@ def run(plan: Plan, binary: str, log: Callable[[str], None]) -> tuple[dict[str, 
         floor5 = FloorQuorum(addresses, keys("floor", 5), value, ttl_ms)
         names = {c.slug: c.name for c in contenders}
         names["floor_1"] = "floor: bare socket, 1 node"
-        names["floor_5"] = "floor: bare sockets, 5 nodes, quorum of 3"
+        names["floor_5"] = FloorQuorum.name(5)
         try:
             log("single thread ...")
             entries: list[tuple[str, Op, int]] = [

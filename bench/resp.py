@@ -119,6 +119,11 @@ class FloorQuorum:
     by the next round (every reply here is one line).
     """
 
+    @staticmethod
+    def name(nodes: int) -> str:
+        """What the tables call it on ``nodes`` nodes."""
+        return f"floor: bare sockets, {nodes} nodes, quorum of {nodes // 2 + 1}"
+
     def __init__(
         self, addresses: list[tuple[str, int]], key: str, value: bytes, ttl_ms: int
     ) -> None:

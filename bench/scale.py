@@ -11,7 +11,10 @@ a smoke run (under 2 minutes) that saves nothing unless ``--out`` is given.
    node: a blocking socket) and pottery's Redlock on the same N, interleaved rounds
    in the same run.
 2. **ops/s vs threads** (1, 8, 32), each thread its own key: ours and pottery on 5
-   nodes, redis-py's ``Lock`` on 1 (our ``Redlock`` object shared by the threads).
+   nodes, redis-py's ``Lock`` on 1 (our ``Redlock`` object shared by the threads),
+   and the floor on 5 (each thread its own bare sockets): how far the machine and the
+   interpreter let threads scale with no client code, and each one's ops/s over its
+   own 1-thread figure.
 3. **Renewal CPU vs leases held** (10 to 10,000, ttl 3 s, renewed every 1 s by one
    watchdog; ``bench/renewals.py``): renewals/s, CPU % of a core, leases lost.
 4. **Hot key vs duplicates queued** (10, 30, 100): real prefork workers, hand-off on
@@ -183,13 +186,24 @@ def latency_vs_nodes(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> 
 
 
 def ops_vs_threads(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> dict[str, Any]:
-    """ops/s with 1, 8, 32 threads, each thread on its own key."""
+    """ops/s with 1, 8, 32 threads, each thread on its own key; the floor beside them
+    (each thread its own bare sockets to the 5 nodes): what the machine, the kernel
+    and the interpreter allow threads with no client code at all."""
     addresses = [(server.host, server.port) for server in cluster[:5]]
     contenders: list[Contender] = [
         OurRedlock(cluster.urls[:5], plan.ttl, plan.node_timeout),
         Pottery(addresses, plan.ttl),
         RedisPyLock(*addresses[0], plan.ttl),
     ]
+    value = secrets.token_urlsafe(20).encode() + f"|{socket.gethostname()}:1".encode()
+    ttl_ms = int(plan.ttl * 1000)
+    floors: list[FloorQuorum] = []
+
+    def make_floor(index: int, threads: int) -> Op:
+        floor = FloorQuorum(addresses, keys("threads", "floor", threads, index), value, ttl_ms)
+        floors.append(floor)
+        return floor
+
     load = _load()
     rows = []
     try:
@@ -205,15 +219,24 @@ def ops_vs_threads(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> di
                 def make_op(index: int, c: Contender = contender, t: int = threads) -> Op:
                     return c.op(keys("threads", c.slug, t, index))
 
-                per_thread = max(10, total // threads)
-                timing = run_threads(make_op, threads, per_thread, warmup=10)
+                timing = run_threads(make_op, threads, max(10, total // threads), warmup=10)
                 row[contender.slug] = summarize(timing).as_dict()
+
+            def floor_op(index: int, t: int = threads) -> Op:
+                return make_floor(index, t)
+
+            timing = run_threads(floor_op, threads, max(10, plan.thread_operations // threads), 10)
+            row["floor_5"] = summarize(timing).as_dict()
             rows.append(row)
             log(f"  {threads} threads done (load {_load()})")
     finally:
         for contender in contenders:
             contender.close()
-    return {"loadavg": [load, _load()], "names": {c.slug: c.name for c in contenders}, "rows": rows}
+        for floor in floors:
+            floor.close()
+    names = {c.slug: c.name for c in contenders}
+    names["floor_5"] = FloorQuorum.name(len(addresses))
+    return {"loadavg": [load, _load()], "names": names, "rows": rows}
 
 
 def renewal_rows(cluster: RedisNodes, plan: Plan, log: Log) -> list[dict[str, Any]]:

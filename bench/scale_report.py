@@ -74,6 +74,18 @@ def _threads(section: dict[str, Any]) -> list[str]:
     for row in section["rows"]:
         cells = [f"{_f(row[s]['ops_per_s'], 0)} | {_f(row[s]['p95_us'])}" for s in slugs]
         lines.append(f"| {row['threads']} | " + " | ".join(cells) + f" | {row['loadavg']:g} |")
+    first = section["rows"][0]
+    if len(section["rows"]) > 1 and first["threads"] == 1:
+        lines += [
+            "",
+            "ops/s over the same one's ops/s with 1 thread:",
+            "",
+            "| threads | " + " | ".join(names[s] for s in slugs) + " |",
+            "|--:|" + "--:|" * len(slugs),
+        ]
+        for row in section["rows"][1:]:
+            cells = [_f(row[s]["ops_per_s"] / first[s]["ops_per_s"], 2) for s in slugs]
+            lines.append(f"| {row['threads']} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -98,7 +98,12 @@ def _report() -> dict[str, Any]:
             "loadavg": [1.0, 1.0],
             "names": {"ours": "ours", "theirs": "theirs"},
             "rows": [
-                {"threads": t, "loadavg": 1.0, "ours": _summary(100.0), "theirs": _summary(900.0)}
+                {
+                    "threads": t,
+                    "loadavg": 1.0,
+                    "ours": _summary(100.0 if t == 1 else 200.0),
+                    "theirs": _summary(900.0),
+                }
                 for t in (1, 8)
             ],
         },
@@ -136,6 +141,8 @@ def test_report_has_a_table_per_section_and_draws_the_figure(tmp_path: Path) -> 
     for heading in ("| nodes |", "| threads |", "| leases held |", "| duplicates |"):
         assert heading in text
     assert "| lock | nodes |" in text
+    # Each one's ops/s with 8 threads over its own with 1.
+    assert "| threads | ours | theirs |\n|--:|--:|--:|\n| 8 | 0.50 | 1.00 |" in text
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
     scale_report.plot(report, tmp_path / "scale.png")
     assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
