@@ -1,39 +1,44 @@
 """Where one lock operation spends its CPU, layer by layer: ``python -m bench profile``.
 
 One operation is a non-blocking acquire + release of an uncontended key (ttl 10 s,
-node_timeout 50 ms), on 1 and on 5 local redis-server masters. Four rows per node
+node_timeout 50 ms), on 1 and on 5 local redis-server masters. Five rows per node
 count, each as user, system and wall µs per operation (``getrusage(RUSAGE_SELF)``
 around a timed loop, after a warm-up and a ``gc.collect()``: ``cpu_per_op``):
 
 1. floor -- ``SET k v NX PX`` + ``DEL k`` on bare sockets (``bench.resp``: one
    blocking socket for 1 node, 5 multiplexed waiting for 3 replies): the kernel, the
    loopback and Redis, no client code.
-2. wire -- our two rounds alone: ``node_set.round`` with the acquire command, then
+2. lean Python -- the lock's own acquire and release scripts (``EVALSHA``, a fresh
+   token per acquire) on the same kind of bare sockets, a quorum of replies
+   (``bench.resp.LeanQuorum``): the least Python the operation needs, with none of
+   the lock's rules, pools, deadlines, records or error handling. The full row over
+   it is what client code costs.
+3. wire -- our two rounds alone: ``node_set.round`` with the acquire command, then
    with the release command, both built once outside the loop. Replies are checked
    (granted, released), so a broken row cannot look fast.
-3. lock layer -- the full ``acquire(key, blocking=False)`` + ``lease.release()`` on a
+4. lock layer -- the full ``acquire(key, blocking=False)`` + ``lease.release()`` on a
    ``Redlock`` whose rounds are answered in memory (its node set's ``round`` returns a
    yes from every node): everything but the wire. A CPU measurement only: nothing is
    sent, so its wall time is its CPU time.
-4. full -- ``Redlock(urls, ttl=10, node_timeout=0.05)``: acquire + release on the
+5. full -- ``Redlock(urls, ttl=10, node_timeout=0.05)``: acquire + release on the
    real nodes.
 
 Derived: each row's user µs over the floor's, and the split of the full row's user
 CPU: the wire's Python (wire - floor), the lock layer, and what neither explains
-(full - wire - lock layer). Only the client process's CPU is counted: the servers'
+(full - wire - lock layer); the full row over the lean one. Only the client process's CPU is counted: the servers'
 is not. Linux splits a process's CPU time between user and system by sampling at its
 clock tick, while their sum is the exact run time: the tables show the sum too, and
 user alone wants long loops (``--quick`` figures are coarse).
 
-Rows 2-4 run in a worker subprocess (``python -m bench.profile --worker``), the floor
-in this one. Every row runs in turn, ``--rounds`` times (default 3), and the report
+Rows 3-5 run in a worker subprocess (``python -m bench.profile --worker``), the floor
+and the lean row in this one. Every row runs in turn, ``--rounds`` times (default 3), and the report
 gives the median of the rounds for each figure (every round is kept in the JSON), so
 drift on the machine hits all rows alike.
 
 ``--compiled`` adds a side: the working tree with its wire layer compiled by mypyc
 (setup.py, ``CELERY_REDLOCK_COMPILE=1``, built in place in a temporary copy).
 
-``--against REV`` (a git revision of this repository) also measures rows 2-4 with the
+``--against REV`` (a git revision of this repository) also measures rows 3-5 with the
 ``celery_redlock`` package as of REV, on the same servers: ``git archive REV
 celery_redlock`` into a temporary directory put first on the worker's PYTHONPATH, so
 the worker imports REV's package and the working tree's ``bench``. The two sides'
@@ -52,7 +57,7 @@ times over: read the ranking, not the µs), and saves nothing::
 
 Defaults: 10,000 timed operations per row and round after 300 untimed, 3 rounds.
 Nothing from celery_redlock is imported at module level, and the worker uses only
-what rows 2-4 name (``Redlock``, ``lock.commands``, ``lock.acquire_replies``): a
+what rows 3-5 name (``Redlock``, ``lock.commands``, ``lock.acquire_replies``): a
 revision that lacks one of them fails that row in the report, not the run.
 """
 
@@ -81,9 +86,15 @@ __all__ = ["FULL", "QUICK", "Plan", "cpu_per_op", "main", "run"]
 ROOT = Path(__file__).resolve().parent.parent
 NODE_COUNTS = (1, 5)
 #: The rows, in the order they run; the worker measures all but the floor.
-ROWS = ("floor", "wire", "lock_layer", "full")
-WORKER_ROWS = ROWS[1:]
-ROW_NAMES = {"floor": "floor", "wire": "wire", "lock_layer": "lock layer", "full": "full"}
+ROWS = ("floor", "lean", "wire", "lock_layer", "full")
+#: The rows this process measures (no celery_redlock of a side's in them); the worker
+#: measures the rest.
+MAIN_ROWS = ROWS[:2]
+WORKER_ROWS = ROWS[2:]
+ROW_NAMES = {
+    "floor": "floor", "lean": "lean Python", "wire": "wire", "lock_layer": "lock layer",
+    "full": "full",
+}  # fmt: skip
 TTL = 10.0
 NODE_TIMEOUT = 0.05
 #: Figures of a row whose medians the report gives (``cpu_us``: user + system).
@@ -150,7 +161,7 @@ def _checked_cpu(op: Op, failed: list[int], plan: Plan) -> dict[str, float]:
     return {**cpu, "failed": failed[0]}
 
 
-# -- the worker: rows 2-4 with whichever celery_redlock comes first on sys.path -------
+# -- the worker: rows 3-5 with whichever celery_redlock comes first on sys.path -------
 
 
 def _wire_op(redlock: Any, key: str, failed: list[int]) -> Op:
@@ -232,7 +243,7 @@ def _in_memory_op(redlock: Any, key: str, failed: list[int]) -> Op:
 
 
 def _rows_on(urls: list[str], plan: Plan, prefix: str) -> dict[str, dict[str, Any]]:
-    """One round of rows 2-4 on the nodes ``urls``; a row that failed is
+    """One round of rows 3-5 on the nodes ``urls``; a row that failed is
     ``{"error": ...}`` (a revision may lack what a row uses)."""
     from celery_redlock import Redlock
 
@@ -307,7 +318,7 @@ def _export(rev: str, into: Path) -> str:
 
 
 def _run_worker(side: Side, urls: list[str], plan: Plan) -> dict[str, Any]:
-    """One round of rows 2-4 in a fresh interpreter whose ``celery_redlock`` is
+    """One round of rows 3-5 in a fresh interpreter whose ``celery_redlock`` is
     ``side``'s (its directory first on the path and the working directory, which
     ``-m`` puts first) and whose ``bench`` is the working tree's."""
     pythonpath = os.pathsep.join(dict.fromkeys([str(side.path), str(ROOT)]))
@@ -370,38 +381,46 @@ def _split(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     if any("error" in figures for figures in rows.values()):
         return {}
     user: dict[str, float] = {row: figures["user_us"] for row, figures in rows.items()}
+    full, lean = rows["full"], rows["lean"]
     return {
         "floor_us": user["floor"],
         "wire_python_us": round(user["wire"] - user["floor"], 2),
         "lock_layer_us": user["lock_layer"],
         "full_us": user["full"],
         "unexplained_us": round(user["full"] - user["wire"] - user["lock_layer"], 2),
+        "lean_us": user["lean"],
+        "full_over_lean_cpu": round(full["cpu_us"] / lean["cpu_us"], 2),
+        "full_over_lean_wall": round(full["wall_us"] / lean["wall_us"], 2),
     }
 
 
 def _measure(
     sides: list[Side],
     urls: list[str],
-    floors: dict[int, Op],
+    baselines: dict[str, dict[int, Op]],
     plan: Plan,
     log: Callable[[str], None],
-) -> tuple[dict[str, Runs], dict[str, dict[str, dict[str, Runs]]]]:
-    """Every row in turn, ``plan.rounds`` times: the floor's runs by node count, and
-    each side's by node count and row."""
-    floor_runs: dict[str, Runs] = {str(n): [] for n in NODE_COUNTS}
+) -> tuple[dict[str, dict[str, Runs]], dict[str, dict[str, dict[str, Runs]]]]:
+    """Every row in turn, ``plan.rounds`` times: the runs of the rows measured here
+    (``baselines``: the floor, lean Python) by row and node count, and each side's by
+    node count and row."""
+    base_runs: dict[str, dict[str, Runs]] = {
+        row: {str(n): [] for n in NODE_COUNTS} for row in baselines
+    }
     side_runs: dict[str, dict[str, dict[str, Runs]]] = {
         side.name: {str(n): {row: [] for row in WORKER_ROWS} for n in NODE_COUNTS} for side in sides
     }
     for round_ in range(plan.rounds):
-        for n, floor in floors.items():
-            floor_runs[str(n)].append(cpu_per_op(floor, plan.operations, plan.warmup))
+        for row, ops in baselines.items():
+            for n, op in ops.items():
+                base_runs[row][str(n)].append(cpu_per_op(op, plan.operations, plan.warmup))
         for side in sides if round_ % 2 == 0 else sides[::-1]:
             result = _run_worker(side, urls, plan)
             for n, rows in result["rows"].items():
                 for row, figures in rows.items():
                     side_runs[side.name][n][row].append(figures)
             log(f"  round {round_ + 1}: {side.name} done")
-    return floor_runs, side_runs
+    return base_runs, side_runs
 
 
 def run(
@@ -414,7 +433,7 @@ def run(
     from celery_redlock.testing import RedisNodes
 
     from .machine import report_head
-    from .resp import FloorCycle, FloorQuorum
+    from .resp import FloorCycle, FloorQuorum, LeanQuorum
 
     started = time.monotonic()
     report: dict[str, Any] = {
@@ -438,19 +457,23 @@ def run(
             ttl_ms = int(plan.ttl * 1000)
             floor1 = FloorCycle(*addresses[0], "bench:profile:floor:1", value, ttl_ms)
             floor5 = FloorQuorum(addresses, "bench:profile:floor:5", value, ttl_ms)
+            lean = {n: LeanQuorum(addresses[:n], f"bench:profile:lean:{n}", plan.ttl)
+                    for n in NODE_COUNTS}  # fmt: skip
             try:
-                floor_runs, side_runs = _measure(
-                    sides, cluster.urls, {1: floor1, 5: floor5}, plan, log
-                )
+                baselines: dict[str, dict[int, Op]] = {"floor": {1: floor1, 5: floor5}}
+                baselines["lean"] = dict(lean)
+                base_runs, side_runs = _measure(sides, cluster.urls, baselines, plan, log)
             finally:
                 floor1.close()
                 floor5.close()
+                for each in lean.values():
+                    each.close()
     report["sides"] = {}
     report["split"] = {}
     for name, by_nodes in side_runs.items():
         report["sides"][name], report["split"][name] = {}, {}
         for n, rows in by_nodes.items():
-            medians = {"floor": _median(floor_runs[n])}
+            medians = {row: _median(base_runs[row][n]) for row in MAIN_ROWS}
             medians.update({row: _median(runs) for row, runs in rows.items()})
             floor = medians["floor"]
             for figures in medians.values():
@@ -524,6 +547,21 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{split['lock_layer_us']:,.1f} | {split['full_us']:,.1f} | "
             f"{split['unexplained_us']:,.1f} |"
         )
+    lines += [
+        "",
+        "The lean row is the least Python the same operation needs (bench/resp.py, "
+        "`LeanQuorum`): our acquire and release scripts with a fresh token, sent to every "
+        "node at once, a quorum of replies, none of the lock's rules, pools, deadlines, "
+        "records or error handling. What the full row costs beyond it is client code.",
+        "",
+        "| nodes | lean user µs | full user µs | full ÷ lean, user + system | full ÷ lean, wall |",
+        "|--:|--:|--:|--:|--:|",
+    ]
+    for n, split in report["split"][WORKING_TREE].items():
+        lines.append(
+            f"| {n} | {split['lean_us']:,.1f} | {split['full_us']:,.1f} | "
+            f"{split['full_over_lean_cpu']:.2f} | {split['full_over_lean_wall']:.2f} |"
+        )
     others = [name for name in (AGAINST, COMPILED) if name in report["sides"]]
     if others:
         lines += _sides_table(report, others)
@@ -531,7 +569,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def _sides_table(report: dict[str, Any], others: list[str]) -> list[str]:
-    """CPU µs (user + system: their sum is exact, the split is sampled) of rows 2-4
+    """CPU µs (user + system: their sum is exact, the split is sampled) of rows 3-5
     on each side, and each side over the first one: the revision ``--against`` names
     (before), else the working tree."""
     against = report["against"]

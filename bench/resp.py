@@ -9,13 +9,15 @@ Commands are packed and replies parsed by celery-redlock's own codec
 
 from __future__ import annotations
 
+import secrets
 import select
 import socket
 from typing import Union
 
+from celery_redlock.lock.commands import acquire_command, release_command
 from celery_redlock.wire.resp import INCOMPLETE, pack, parse
 
-__all__ = ["FloorCycle", "FloorQuorum", "RespConnection", "pack"]
+__all__ = ["FloorCycle", "FloorQuorum", "LeanQuorum", "RespConnection", "pack"]
 
 
 class RespConnection:
@@ -158,3 +160,52 @@ class FloorQuorum:
     def __call__(self) -> None:
         self._round(self._set)
         self._round(self._del)
+
+
+class LeanQuorum(FloorQuorum):
+    """The least Python a Redlock operation needs on N nodes: the lock's own acquire
+    and release scripts (``EVALSHA``, packed by celery-redlock's commands, a fresh
+    token per acquire), sent to every node at once, a quorum of replies -- without
+    any of the lock's rules, pools, deadlines, records or error handling.
+
+    Between the floor (``SET``/``DEL`` packed once) and the lock: the lock's distance
+    to it is client code, which a leaner path could save. Each reply must be ``:1``
+    (granted, released): a refusal (a reply of several lines) or an error stops it.
+    """
+
+    @staticmethod
+    def name(nodes: int) -> str:
+        return f"lean Python: our scripts on bare sockets, {nodes} node{'s' * (nodes > 1)}"
+
+    def __init__(self, addresses: list[tuple[str, int]], key: str, ttl: float) -> None:
+        self._key, self._ttl = key, ttl
+        super().__init__(addresses, key, b"", int(ttl * 1000))
+        scripts = (acquire_command((key,), "x|y", ttl, False), release_command((key,), "x|y", ttl))
+        for conn in self._conns:
+            conn.sock.setblocking(True)
+            for command in scripts:
+                conn.call(b"SCRIPT", b"LOAD", command.script.source)
+            conn.sock.setblocking(False)
+
+    def _quorum(self, payload: bytes) -> None:
+        """``_round``, checking that each node's reply to ``payload`` is ``:1``."""
+        sent, got, socks = self._sent, self._got, self._socks
+        for i, sock in enumerate(socks):
+            sock.send(payload)
+            sent[i] += 1
+        answered = 0
+        while answered < self._need:
+            for fd, _ in self._poller.poll(1000):
+                i = self._index[fd]
+                data = socks[i].recv(4096)
+                before = got[i]
+                got[i] += data.count(b"\r\n")
+                if before < sent[i] <= got[i]:  # this round's reply is the last line
+                    if not data.endswith(b":1\r\n") or got[i] > sent[i]:
+                        raise RuntimeError(f"lean: a reply was not :1 ({data[-40:]!r})")
+                    answered += 1
+
+    def __call__(self) -> None:
+        value = f"{secrets.token_urlsafe(20)}|bench:1"
+        self._quorum(acquire_command((self._key,), value, self._ttl, False).payload)
+        self._quorum(release_command((self._key,), value, self._ttl).payload)

@@ -37,7 +37,7 @@ def test_bench_profile_measures_every_layer_on_both_sides_and_saves_its_report(
     for side in ("working_tree", "against"):
         assert set(report["sides"][side]) == {"1", "5"}
         for nodes, rows in report["sides"][side].items():
-            assert list(rows) == ["floor", "wire", "lock_layer", "full"], (side, nodes)
+            assert list(rows) == ["floor", "lean", "wire", "lock_layer", "full"], (side, nodes)
             for row, figures in rows.items():
                 assert "error" not in figures, (side, nodes, row)
                 assert len(figures["runs"]) == 2
@@ -47,10 +47,14 @@ def test_bench_profile_measures_every_layer_on_both_sides_and_saves_its_report(
                 assert figures["failed"] <= 2 * 300 // 100
             split = report["split"][side][nodes]
             assert split["full_us"] == rows["full"]["user_us"]
+            assert split["lean_us"] == rows["lean"]["user_us"]
+            assert split["full_over_lean_cpu"] > 0
     markdown = (tmp_path / "profile.md").read_text()
     assert "| row | nodes | user µs | system µs |" in markdown
     assert "| lock layer | 5 |" in markdown
     assert "| nodes | floor | wire's Python | lock layer | full | unexplained |" in markdown
+    assert "| lean Python | 5 |" in markdown
+    assert "| nodes | lean user µs | full user µs | full ÷ lean, user + system |" in markdown
     assert "| row | nodes | `HEAD` | working tree | working tree ÷ `HEAD` |" in markdown
     assert f"`HEAD` is {head[:10]}" in markdown
     assert report["compiled"] is False
