@@ -23,17 +23,18 @@ around a timed loop, after a warm-up and a ``gc.collect()``: ``cpu_per_op``):
 5. full -- ``Redlock(urls, ttl=10, node_timeout=0.05)``: acquire + release on the
    real nodes.
 
-Derived: each row's user µs over the floor's, and the split of the full row's user
-CPU: the wire's Python (wire - floor), the lock layer, and what neither explains
-(full - wire - lock layer); the full row over the lean one. Only the client process's CPU is counted: the servers'
-is not. Linux splits a process's CPU time between user and system by sampling at its
-clock tick, while their sum is the exact run time: the tables show the sum too, and
-user alone wants long loops (``--quick`` figures are coarse).
+Derived: each row's user µs over the floor's, the split of the full row's user CPU:
+the wire's Python (wire - floor), the lock layer, and what neither explains (full -
+wire - lock layer), and the full row's CPU and wall over the lean row's. Only the
+client process's CPU is counted: the servers' is not. Linux splits a process's CPU
+time between user and system by sampling at its clock tick, while their sum is the
+exact run time: the tables show the sum too, and user alone wants long loops
+(``--quick`` figures are coarse).
 
-Rows 3-5 run in a worker subprocess (``python -m bench.profile --worker``), the floor
-and the lean row in this one. Every row runs in turn, ``--rounds`` times (default 3), and the report
-gives the median of the rounds for each figure (every round is kept in the JSON), so
-drift on the machine hits all rows alike.
+Rows 3-5 run in a worker subprocess (``python -m bench.profile --worker``), the
+floor and the lean row in this one. Every row runs in turn, ``--rounds`` times
+(default 3), and the report gives the median of the rounds for each figure (every
+round is kept in the JSON), so drift on the machine hits all rows alike.
 
 ``--compiled`` adds a side: the working tree with its wire layer compiled by mypyc
 (setup.py, ``CELERY_REDLOCK_COMPILE=1``, built in place in a temporary copy).

@@ -173,10 +173,6 @@ class LeanQuorum(FloorQuorum):
     (granted, released): a refusal (a reply of several lines) or an error stops it.
     """
 
-    @staticmethod
-    def name(nodes: int) -> str:
-        return f"lean Python: our scripts on bare sockets, {nodes} node{'s' * (nodes > 1)}"
-
     def __init__(self, addresses: list[tuple[str, int]], key: str, ttl: float) -> None:
         self._key, self._ttl = key, ttl
         super().__init__(addresses, key, b"", int(ttl * 1000))

@@ -198,12 +198,6 @@ def ops_vs_threads(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> di
     value = secrets.token_urlsafe(20).encode() + f"|{socket.gethostname()}:1".encode()
     ttl_ms = int(plan.ttl * 1000)
     floors: list[FloorQuorum] = []
-
-    def make_floor(index: int, threads: int) -> Op:
-        floor = FloorQuorum(addresses, keys("threads", "floor", threads, index), value, ttl_ms)
-        floors.append(floor)
-        return floor
-
     load = _load()
     rows = []
     try:
@@ -223,7 +217,9 @@ def ops_vs_threads(cluster: RedisNodes, plan: Plan, keys: _Keys, log: Log) -> di
                 row[contender.slug] = summarize(timing).as_dict()
 
             def floor_op(index: int, t: int = threads) -> Op:
-                return make_floor(index, t)
+                floor = FloorQuorum(addresses, keys("threads", "floor", t, index), value, ttl_ms)
+                floors.append(floor)
+                return floor
 
             timing = run_threads(floor_op, threads, max(10, plan.thread_operations // threads), 10)
             row["floor_5"] = summarize(timing).as_dict()
