@@ -27,6 +27,7 @@ from celery_redlock.cli import judge_node, redlock
 from celery_redlock.cli.checks import WARNING, check_sentinel
 from celery_redlock.cli.facts import NodeFacts
 from celery_redlock.errors import ConfigurationError
+from celery_redlock.lock.stored import LIMIT, RATE, permit_slot
 from celery_redlock.tasks.config import app_config
 from celery_redlock.testing import RedisSentinelGroup, RedisServer
 from celery_redlock.wire.node import Node, redact
@@ -146,6 +147,30 @@ def test_a_lock_through_sentinels_lives_on_the_master_and_is_released(
     assert other.acquire("sentinel:plain", ttl=10, blocking=False) is None
     lease.release()
     assert not holds(group.master, "sentinel:plain")
+
+
+@pytest.mark.slow
+def test_permits_and_a_rate_through_sentinels_live_on_the_master(
+    group: RedisSentinelGroup,
+) -> None:
+    lock = Redlock([group.url], node_timeout=0.5)
+    first = lock.acquire("sentinel:limit", ttl=10, limit=2, blocking=False)
+    second = lock.acquire("sentinel:limit", ttl=10, limit=2, blocking=False)
+    assert first is not None and second is not None
+    assert lock.acquire("sentinel:limit", ttl=10, limit=2, blocking=False) is None
+    slots = [permit_slot("sentinel:limit", LIMIT, i) for i in range(2)]
+    assert [holds(group.master, slot) for slot in slots] == [True, True]
+    first.release()
+    assert sum(holds(group.master, slot) for slot in slots) == 1
+    third = lock.acquire("sentinel:limit", ttl=10, limit=2, blocking=False)
+    assert third is not None
+    for lease in (second, third):
+        lease.release()
+    assert not any(holds(group.master, slot) for slot in slots)
+    assert [lock.admit("sentinel:rate", "2/10s") for _ in range(2)] == [0.0, 0.0]
+    assert lock.admit("sentinel:rate", "2/10s") > 0  # the window is full: the wait
+    rate_slots = [permit_slot("sentinel:rate", RATE, i) for i in range(2)]
+    assert [holds(group.master, slot) for slot in rate_slots] == [True, True]
 
 
 @pytest.mark.slow
