@@ -4,8 +4,8 @@
 Configured from the environment, so one module serves every test's servers:
 
 - ``BROKER_URL``: broker and result backend (a redis-server of the test's own);
-- ``BACKEND_URL``: the result backend when the broker is not Redis (RabbitMQ; only
-  workerapp reads it);
+- ``BACKEND_URL``: the result backend when the broker is not Redis (RabbitMQ; read by
+  workerapp and limitsapp);
 - ``REDLOCK_NODES``: the lock nodes, comma-separated Redis URLs;
 - ``OBSERVER_URL``: a third Redis the task bodies report to. The lock never sees it:
   it is the independent witness that checks the lock's promises.

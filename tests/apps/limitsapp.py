@@ -41,7 +41,8 @@ PREFETCH = 4
 VISIBILITY_TIMEOUT = 30
 
 app = worker_app(
-    "limitsapp", 0.05, 0.3, task_acks_late=True, task_reject_on_worker_lost=True,
+    "limitsapp", 0.05, 0.3, factory.BACKEND_URL, task_acks_late=True,
+    task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=PREFETCH,
     broker_transport_options={
         "visibility_timeout": VISIBILITY_TIMEOUT,

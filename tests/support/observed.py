@@ -62,3 +62,13 @@ def runs(observer: redis.Redis, counter: str) -> dict[str, int]:
 
 def effects(observer: redis.Redis, counter: str) -> dict[str, int]:
     return {_text(k): int(v) for k, v in observer.hgetall(f"effects:{counter}").items()}
+
+
+def most_in_window(times: Sequence[int], window: int) -> int:
+    """The most of ``times`` (ns, sorted) in any window of ``window`` ns."""
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

@@ -32,7 +32,7 @@ from celery.result import AsyncResult
 
 from celery_redlock.testing import CeleryProcess
 from tests.apps import limitsapp
-from tests.support.observed import Interval, intervals, runs, starts
+from tests.support.observed import Interval, intervals, most_in_window, runs, starts
 from tests.support.workers import Launch, Stack, eventually, wait_all
 
 pytestmark = pytest.mark.slow
@@ -94,16 +94,6 @@ def refill_gaps(spans: Sequence[Interval]) -> list[float]:
         elif freed:
             gaps.append((at - freed.pop(0)) / 1e6)
     return gaps
-
-
-def most_in_window(times: Sequence[int], window: int) -> int:
-    """The most of ``times`` (ns, sorted) in any window of ``window`` ns."""
-    most, first = 0, 0
-    for last, t in enumerate(times):
-        while t - times[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 @contextmanager

@@ -21,7 +21,15 @@ from celery_redlock.testing import (
     RedisServerFactory,
     find_rabbitmq_server,
 )
-from tests.support.observed import effects, intervals, max_occupancy, overlaps, runs
+from tests.apps import limitsapp
+from tests.support.observed import (
+    effects,
+    intervals,
+    max_occupancy,
+    most_in_window,
+    overlaps,
+    runs,
+)
 from tests.support.workers import app_env, launch_workers, stop_workers, wait_all
 
 pytestmark = [
@@ -88,6 +96,48 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
         observer.set("go", 1)
         assert holder.get(timeout=60)["held"] is True
         assert effects(observer, "skip") == {holder.id: 1}  # the skipped body never ran
+    finally:
+        client.close()
+        stop_workers(workers)
+
+
+def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(
+    rabbitmq: RabbitMQNode,
+    redis_server_factory: RedisServerFactory,
+    redis_nodes: RedisNodes,
+    tmp_path: Path,
+) -> None:
+    # The hand-off wakes and a rate's come-backs are messages the workers publish:
+    # here through RabbitMQ (a countdown is held unacked in the worker, as on Redis).
+    backend = redis_server_factory()
+    observer_server = redis_server_factory()
+    observer = observer_server.client(decode_responses=True)
+    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
+    workers = launch_workers("limitsapp", ["w1", "w2"], tmp_path, env, concurrency=4)
+    client = Celery("rabbitmq_limits", broker=rabbitmq.url, backend=backend.url)
+    client.conf.broker_connection_retry_on_startup = True
+    try:
+        limited = [
+            client.send_task(
+                "limitsapp.limited_handoff",
+                kwargs={"tag": "rmq", "seconds": 0.2, "counter": "rmq-limit"},
+            )
+            for _ in range(20)
+        ]
+        rated = [
+            client.send_task(
+                "limitsapp.rated", kwargs={"tag": "rmq", "seconds": 0, "counter": "rmq-rate"}
+            )
+            for _ in range(60)
+        ]
+        wait_all(limited + rated, timeout=120)
+        assert [r.state for r in limited + rated if r.state != "SUCCESS"] == []
+        assert max_occupancy(observer, "rmq-limit") == limitsapp.LIMIT
+        assert runs(observer, "rmq-limit") == {r.id: 1 for r in limited}
+        assert runs(observer, "rmq-rate") == {r.id: 1 for r in rated}
+        admitted = sorted(int(t) for t in observer.lrange("admitted:rmq-rate", 0, -1))
+        assert len(admitted) == len(rated)
+        assert most_in_window(admitted, 1_000_000_000) <= limitsapp.RATE
     finally:
         client.close()
         stop_workers(workers)
