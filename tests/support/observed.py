@@ -65,7 +65,8 @@ def effects(observer: redis.Redis, counter: str) -> dict[str, int]:
 
 
 def most_in_window(times: Sequence[int], window: int) -> int:
-    """The most of ``times`` (ns, sorted) in any window of ``window`` ns."""
+    """The most of ``times`` (sorted) in any window of ``window`` (the same unit) that
+    one of them opens."""
     most, first = 0, 0
     for last, t in enumerate(times):
         while t - times[first] >= window:

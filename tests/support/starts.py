@@ -45,14 +45,6 @@ class Observer:
         return sorted(int(s) for s in self.client.lrange(f"starts:{tag}", 0, -1))
 
 
-def most_in_window(starts: list[int], period_us: int) -> int:
-    """The most starts in any window of ``period_us`` (every start opens one)."""
-    most = 0
-    for i, first in enumerate(starts):
-        most = max(most, sum(1 for s in starts[i:] if s < first + period_us))
-    return most
-
-
 def observed_task(app: Celery, observer: Observer, name: str, **options: Any) -> Any:
     """A RedlockTask ``(tag, seconds=0, n=0) -> n`` whose body reports to ``observer``
     under ``tag`` and sleeps ``seconds``; ``redlock_ttl=5`` unless ``options`` say."""

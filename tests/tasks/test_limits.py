@@ -21,7 +21,8 @@ from celery_redlock.skipped import is_skipped
 from celery_redlock.tasks.limits import longest_countdown
 from celery_redlock.testing import RedisNodes, RedisServer
 from tests.support.appfixture import worker_test_app
-from tests.support.starts import Observer, most_in_window, observed_task
+from tests.support.observed import most_in_window
+from tests.support.starts import Observer, observed_task
 
 
 @pytest.fixture

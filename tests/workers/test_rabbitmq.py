@@ -7,11 +7,13 @@ own. Skipped only when the rabbitmq-server binary is missing (CI installs it).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_redlock.skipped import SKIPPED, is_skipped
@@ -50,20 +52,38 @@ def rabbitmq() -> Iterator[RabbitMQNode]:
         node.stop()
 
 
+@contextlib.contextmanager
+def stack(
+    app: str,
+    rabbitmq: RabbitMQNode,
+    redis_server_factory: RedisServerFactory,
+    redis_nodes: RedisNodes,
+    log_dir: Path,
+    concurrency: int,
+) -> Iterator[tuple[Celery, redis.Redis]]:
+    """Two workers of ``tests/apps/<app>`` on the RabbitMQ broker, a Redis result
+    backend and an observer of their own; yields a client app and the observer."""
+    backend = redis_server_factory()
+    observer_server = redis_server_factory()
+    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
+    workers = launch_workers(app, ["w1", "w2"], log_dir, env, concurrency=concurrency)
+    client = Celery(f"rabbitmq_{app}", broker=rabbitmq.url, backend=backend.url)
+    client.conf.broker_connection_retry_on_startup = True
+    try:
+        yield client, observer_server.client(decode_responses=True)
+    finally:
+        client.close()
+        stop_workers(workers)
+
+
 def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
     rabbitmq: RabbitMQNode,
     redis_server_factory: RedisServerFactory,
     redis_nodes: RedisNodes,
     tmp_path: Path,
 ) -> None:
-    backend = redis_server_factory()
-    observer_server = redis_server_factory()
-    observer = observer_server.client(decode_responses=True)
-    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
-    workers = launch_workers("workerapp", ["w1", "w2"], tmp_path, env, concurrency=2)
-    client = Celery("rabbitmq_client", broker=rabbitmq.url, backend=backend.url)
-    client.conf.broker_connection_retry_on_startup = True
-    try:
+    with stack("workerapp", rabbitmq, redis_server_factory, redis_nodes, tmp_path, 2) as running:
+        client, observer = running
         # Same key, 4 processes: each task runs once, one at a time (retry mode).
         same = [
             client.send_task(
@@ -96,9 +116,6 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
         observer.set("go", 1)
         assert holder.get(timeout=60)["held"] is True
         assert effects(observer, "skip") == {holder.id: 1}  # the skipped body never ran
-    finally:
-        client.close()
-        stop_workers(workers)
 
 
 def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(
@@ -109,14 +126,8 @@ def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(
 ) -> None:
     # The hand-off wakes and a rate's come-backs are messages the workers publish:
     # here through RabbitMQ (a countdown is held unacked in the worker, as on Redis).
-    backend = redis_server_factory()
-    observer_server = redis_server_factory()
-    observer = observer_server.client(decode_responses=True)
-    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
-    workers = launch_workers("limitsapp", ["w1", "w2"], tmp_path, env, concurrency=4)
-    client = Celery("rabbitmq_limits", broker=rabbitmq.url, backend=backend.url)
-    client.conf.broker_connection_retry_on_startup = True
-    try:
+    with stack("limitsapp", rabbitmq, redis_server_factory, redis_nodes, tmp_path, 4) as running:
+        client, observer = running
         limited = [
             client.send_task(
                 "limitsapp.limited_handoff",
@@ -138,6 +149,3 @@ def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(
         admitted = sorted(int(t) for t in observer.lrange("admitted:rmq-rate", 0, -1))
         assert len(admitted) == len(rated)
         assert most_in_window(admitted, 1_000_000_000) <= limitsapp.RATE
-    finally:
-        client.close()
-        stop_workers(workers)
