@@ -7,8 +7,8 @@ learns an error differs (stored in the EagerResult, or raised).
 
 - An outage of the lock nodes surfaces at once as ``QuorumUnavailable``: one lock
   round, no inline retries (they slept the caller through 20 backoffs, minutes).
-- A contended lock is waited for inline, for at most the holder's remaining TTL as
-  first seen; then the body runs. A holder that keeps renewing past that bound ends
+- A contended lock (or a limit's every permit taken) is waited for inline, for at most
+  the holder's remaining TTL as first seen; then the body runs. A holder that keeps renewing past that bound ends
   the wait like exhausted lock retries (``redlock_on_retries_exhausted``).
 """
 
@@ -108,6 +108,36 @@ def test_a_contended_copy_waits_inline_for_the_holder_then_runs(
     assert waits and all(c["action"] == "retry" for c in waits)
     assert waits[0]["holder"] == "other-thread"
     assert len(recorder.of("lock_acquired")) == 1
+
+
+def test_a_copy_over_the_limit_waits_inline_for_a_permit_then_runs(
+    redis_nodes: RedisNodes, recorder: Recorder, propagates: bool
+) -> None:
+    ran: list[float] = []
+    job = _job(_eager_app(redis_nodes, propagates), ran, redlock_limit=2)
+    key = job.lock_key((9,))
+    others = Redlock(redis_nodes.urls, node_timeout=NODE_TIMEOUT)
+    first, second = (others.acquire(key, ttl=30, limit=2, holder=f"other-{i}") for i in range(2))
+    assert first is not None and second is not None
+    released_at: list[float] = []
+
+    def release_one_once_the_copy_waits() -> None:
+        deadline = time.monotonic() + 30
+        while not recorder.of("lock_contended") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released_at.append(time.monotonic())
+        first.release()
+
+    thread = threading.Thread(target=release_one_once_the_copy_waits, daemon=True)
+    thread.start()
+    outcome = _outcome(lambda: job.delay(9), propagates)
+    thread.join(30)
+    second.release()
+    assert outcome == "ran"
+    assert len(ran) == 1 and ran[0] > released_at[0]  # the body ran once a permit freed
+    waits = recorder.of("lock_contended")
+    assert waits and all(c["action"] == "retry" for c in waits)
+    assert waits[0]["limit"] == "limit 2/2"
 
 
 @pytest.mark.parametrize("exhausted", ["fail", "skip"])
