@@ -8,8 +8,9 @@ learns an error differs (stored in the EagerResult, or raised).
 - An outage of the lock nodes surfaces at once as ``QuorumUnavailable``: one lock
   round, no inline retries (they slept the caller through 20 backoffs, minutes).
 - A contended lock (or a limit's every permit taken) is waited for inline, for at most
-  the holder's remaining TTL as first seen; then the body runs. A holder that keeps renewing past that bound ends
-  the wait like exhausted lock retries (``redlock_on_retries_exhausted``).
+  the holder's remaining TTL as first seen; then the body runs. A holder that keeps
+  renewing past that bound ends the wait like exhausted lock retries
+  (``redlock_on_retries_exhausted``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,27 @@ def _outcome(call: Any, propagates: bool) -> Any:
     return call().get(propagate=False)
 
 
+def _call_released_once_it_waits(
+    call: Any, propagates: bool, recorder: Recorder, lease: Any
+) -> tuple[Any, float]:
+    """``_outcome`` of ``call``, with ``lease`` released from another thread once the
+    copy said it waits (``lock_contended``); the outcome and when the lease went."""
+    released_at: list[float] = []
+
+    def release_once_the_copy_waits() -> None:
+        deadline = time.monotonic() + 30
+        while not recorder.of("lock_contended") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released_at.append(time.monotonic())
+        lease.release()
+
+    thread = threading.Thread(target=release_once_the_copy_waits, daemon=True)
+    thread.start()
+    outcome = _outcome(call, propagates)
+    thread.join(30)
+    return outcome, released_at[0]
+
+
 def test_an_outage_surfaces_at_once_without_inline_retries(
     redis_nodes_factory: Any, recorder: Recorder, propagates: bool
 ) -> None:
@@ -89,21 +111,10 @@ def test_a_contended_copy_waits_inline_for_the_holder_then_runs(
         key, ttl=30, holder="other-thread"
     )
     assert holder is not None
-    released_at: list[float] = []
-
-    def release_once_the_copy_waits() -> None:
-        deadline = time.monotonic() + 30
-        while not recorder.of("lock_contended") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        released_at.append(time.monotonic())
-        holder.release()
-
-    thread = threading.Thread(target=release_once_the_copy_waits, daemon=True)
-    thread.start()
-    outcome = _outcome(lambda: job.delay(7), propagates)
-    thread.join(30)
+    call = lambda: job.delay(7)  # noqa: E731
+    outcome, released_at = _call_released_once_it_waits(call, propagates, recorder, holder)
     assert outcome == "ran"
-    assert len(ran) == 1 and ran[0] > released_at[0]  # the body ran after the holder
+    assert len(ran) == 1 and ran[0] > released_at  # the body ran after the holder
     waits = recorder.of("lock_contended")
     assert waits and all(c["action"] == "retry" for c in waits)
     assert waits[0]["holder"] == "other-thread"
@@ -119,22 +130,11 @@ def test_a_copy_over_the_limit_waits_inline_for_a_permit_then_runs(
     others = Redlock(redis_nodes.urls, node_timeout=NODE_TIMEOUT)
     first, second = (others.acquire(key, ttl=30, limit=2, holder=f"other-{i}") for i in range(2))
     assert first is not None and second is not None
-    released_at: list[float] = []
-
-    def release_one_once_the_copy_waits() -> None:
-        deadline = time.monotonic() + 30
-        while not recorder.of("lock_contended") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        released_at.append(time.monotonic())
-        first.release()
-
-    thread = threading.Thread(target=release_one_once_the_copy_waits, daemon=True)
-    thread.start()
-    outcome = _outcome(lambda: job.delay(9), propagates)
-    thread.join(30)
+    call = lambda: job.delay(9)  # noqa: E731
+    outcome, released_at = _call_released_once_it_waits(call, propagates, recorder, first)
     second.release()
     assert outcome == "ran"
-    assert len(ran) == 1 and ran[0] > released_at[0]  # the body ran once a permit freed
+    assert len(ran) == 1 and ran[0] > released_at  # the body ran once a permit freed
     waits = recorder.of("lock_contended")
     assert waits and all(c["action"] == "retry" for c in waits)
     assert waits[0]["limit"] == "limit 2/2"
