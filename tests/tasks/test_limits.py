@@ -1,3 +1,4 @@
+# mypy: disallow-untyped-decorators=False
 """``redlock_limit`` and ``redlock_rate`` with an embedded worker, a real Redis broker
 and 5 real lock nodes.
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import AsyncResult
 
@@ -177,6 +178,31 @@ def test_limit_and_rate_combine(app: Celery, observer: Observer) -> None:
         assert _results([job.delay("b", 0.2, n) for n in range(10)], 60) == list(range(10))
     assert observer.most_inside("b") <= 2
     assert most_in_window(observer.starts("b"), 1_000_000 - 5_000) <= 4
+
+
+def test_a_chord_and_a_group_over_a_limit_and_a_rate_get_every_members_value(
+    app: Celery, observer: Observer
+) -> None:
+    # Copies over the limit retry and copies over the rate come back under their own
+    # task id: the chord counts each member once, when its body ran, and the group's
+    # results are the bodies' values.
+    job = observed_task(
+        app, observer, "r.canvas", redlock_key="canvas:{tag}", redlock_limit=2,
+        redlock_rate="5/s",
+    )  # fmt: skip
+
+    @app.task(name="r.collect", shared=False)
+    def collect(values: list[int]) -> list[int]:
+        return sorted(values)
+
+    with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False):
+        chorded = chord([job.s("c", 0.05, n) for n in range(8)])(collect.s())
+        grouped = group([job.s("c", 0.05, n) for n in range(8, 12)])()
+        assert chorded.get(timeout=60) == list(range(8))
+        assert grouped.get(timeout=60) == list(range(8, 12))
+    assert observer.most_inside("c") <= 2
+    assert len(observer.starts("c")) == 12  # each member's body once
+    assert most_in_window(observer.starts("c"), 1_000_000 - 5_000) <= 5
 
 
 def test_eager_copies_wait_inline_for_the_rate(app: Celery, observer: Observer) -> None:
