@@ -2,7 +2,8 @@
 
 App-wide defaults live in ``app.conf`` as lowercase ``redlock_*`` keys (or namespaced,
 ``CELERY_REDLOCK_TTL``, under ``config_from_object(obj, namespace="CELERY")``, which
-Celery resolves for us; only the unknown-name check needs the namespace); a task overrides
+Celery resolves for us; the namespace serves only to name settings as the app writes
+them: the unknown-name check, and errors about values); a task overrides
 any per-task option with a class attribute of the same name (``@app.task(base=RedlockTask,
 redlock_ttl=60)``). Both are read once, validated with errors that name the setting and
 what it accepts, and cached: the app's on the app (as celery-redbeat does), a task's on
@@ -14,8 +15,9 @@ and errors.py; never talks to Redis itself.
 
 from __future__ import annotations
 
+import re
 import threading
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from ..errors import ConfigurationError
 from ..lock.redlock import Redlock
@@ -25,7 +27,6 @@ from .options import (
     TASK_OPTIONS,
     TaskOptions,
     as_settings,
-    check_setting_names,
     checked,
     task_options,
 )
@@ -69,11 +70,18 @@ class AppConfig:
         values = {name: conf.get(name, default) for name, default in DEFAULTS.items()}
         # Settings may be None to mean "default" (e.g. from an env-driven config).
         values = {k: (DEFAULTS[k] if v is None else v) for k, v in values.items()}
-        self.nodes = _nodes(conf)
-        self.key_prefix: str = checked("redlock_key_prefix", values["redlock_key_prefix"])
-        self.key_max_bytes: int = checked("redlock_key_max_bytes", values["redlock_key_max_bytes"])
-        self.drift_factor: float = checked("redlock_drift_factor", values["redlock_drift_factor"])
-        self.task_defaults = task_options(values)
+        try:
+            self.nodes = _nodes(conf)
+            self.key_prefix: str = checked("redlock_key_prefix", values["redlock_key_prefix"])
+            self.key_max_bytes: int = checked(
+                "redlock_key_max_bytes", values["redlock_key_max_bytes"]
+            )
+            self.drift_factor: float = checked(
+                "redlock_drift_factor", values["redlock_drift_factor"]
+            )
+            self.task_defaults = task_options(values)
+        except ConfigurationError as error:
+            raise as_written(error, namespace) from None
         self._redlocks: dict[tuple[float, bool], Redlock] = {}
         self._lock = threading.Lock()
 
@@ -99,6 +107,57 @@ class AppConfig:
         if not overrides:
             return self.task_defaults
         return task_options({**as_settings(self.task_defaults), **overrides})
+
+
+def check_setting_names(names: Iterable[str], namespace: Optional[str] = None) -> None:
+    """Refuse an unknown ``redlock_*`` app setting (a typo would be ignored silently).
+
+    With a Celery namespace (``app.config_from_object(obj, namespace="CELERY")``, as
+    Django projects do) Celery reads ``redlock_ttl`` from ``CELERY_REDLOCK_TTL``: the
+    key is the namespace plus the name, in the namespace's case. A name that starts
+    like that but is not one of ours (``CELERY_REDLOCK_TTLL``) is refused too.
+    """
+    prefix = namespace.rstrip("_") + "_" if namespace else ""
+    namespaced = {setting_name(name, namespace): name for name in DEFAULTS}
+    starts = (prefix + "redlock_").lower()
+    for name in sorted(names):
+        if name.startswith("redlock_") and name not in DEFAULTS:
+            accepted = sorted(DEFAULTS)
+        elif prefix and name.lower().startswith(starts) and name not in namespaced:
+            accepted = sorted(namespaced)
+        else:
+            continue
+        raise ConfigurationError(
+            f"unknown setting {name!r}; accepted redlock settings: " + ", ".join(accepted)
+        )
+
+
+def setting_name(name: str, namespace: Optional[str] = None) -> str:
+    """The key an app setting is read from: ``name`` (``redlock_ttl``), or under a
+    Celery namespace the namespace plus the name in the namespace's case, as Celery
+    looks namespaced keys up (``CELERY_REDLOCK_TTL``)."""
+    if not namespace:
+        return name
+    prefix = namespace.rstrip("_") + "_"
+    key = prefix + name
+    return key.upper() if prefix.isupper() else key.lower()
+
+
+def as_written(error: ConfigurationError, namespace: Optional[str]) -> ConfigurationError:
+    """``error`` about app settings with every setting it names as the app's
+    configuration writes it (``CELERY_REDLOCK_LIMIT must be ...`` under Django's
+    namespace)."""
+    if not namespace:
+        return error
+
+    def written(found: re.Match[str]) -> str:
+        name = found.group(0)
+        return setting_name(name, namespace) if name in DEFAULTS else name
+
+    return type(error)(_SETTING.sub(written, str(error)))
+
+
+_SETTING = re.compile(r"\bredlock_[a-z_]+")
 
 
 def _keys(conf: Any) -> list[str]:

@@ -7,7 +7,8 @@ Each :class:`Option` row says the name, the default, the unit, the check
 - :func:`task_options`, which validates raw values into a :class:`TaskOptions`
   (its fields are the task rows' names without ``redlock_``; tests/tasks/test_options.py
   checks that the two agree, since the dataclass is spelled out for mypy);
-- the unknown-name checks (:func:`check_setting_names`, :func:`check_task_names`);
+- the unknown-name check of a task's attributes (:func:`check_task_names`; the app
+  settings' names are checked where they are read, config.py);
 - the ``RedlockTask`` class attributes: task.py installs one :class:`TaskAttribute`
   per task row. It reads as ``None`` ("use the app setting") and carries the row's
   doc, so ``help(RedlockTask)`` and IDEs list every option with its meaning; a
@@ -43,7 +44,6 @@ __all__ = [
     "TaskAttribute",
     "TaskOptions",
     "check_replace",
-    "check_setting_names",
     "check_task_names",
     "configuration_table",
     "task_options",
@@ -404,34 +404,6 @@ def check_replace(options: TaskOptions, shown: str) -> None:
 def as_settings(options: TaskOptions) -> dict[str, Any]:
     """The ``redlock_*`` values that make ``options`` (task_options' inverse)."""
     return {name: getattr(options, BY_NAME[name].field) for name in TASK_OPTIONS}
-
-
-def check_setting_names(names: Iterable[str], namespace: Optional[str] = None) -> None:
-    """Refuse an unknown ``redlock_*`` app setting (a typo would be ignored silently).
-
-    With a Celery namespace (``app.config_from_object(obj, namespace="CELERY")``, as
-    Django projects do) Celery reads ``redlock_ttl`` from ``CELERY_REDLOCK_TTL``: the
-    key is the namespace plus the name, in the namespace's case. A name that starts
-    like that but is not one of ours (``CELERY_REDLOCK_TTLL``) is refused too.
-    """
-    prefix = namespace.rstrip("_") + "_" if namespace else ""
-    namespaced = {_in_case_of(prefix + name, prefix): name for name in DEFAULTS}
-    starts = (prefix + "redlock_").lower()
-    for name in sorted(names):
-        if name.startswith("redlock_") and name not in DEFAULTS:
-            accepted = sorted(DEFAULTS)
-        elif prefix and name.lower().startswith(starts) and name not in namespaced:
-            accepted = sorted(namespaced)
-        else:
-            continue
-        raise ConfigurationError(
-            f"unknown setting {name!r}; accepted redlock settings: " + ", ".join(accepted)
-        )
-
-
-def _in_case_of(key: str, namespace: str) -> str:
-    """``key`` in the namespace's case, as Celery looks namespaced keys up."""
-    return key.upper() if namespace.isupper() else key.lower()
 
 
 def check_task_names(task_name: str, names: Iterable[str]) -> None:

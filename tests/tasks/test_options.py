@@ -116,6 +116,31 @@ def test_an_unknown_namespaced_setting_is_named_with_the_accepted_ones(typo: str
     assert len(accepted) == len(DEFAULTS)
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("CELERY_REDLOCK_LIMIT", 0),
+        ("CELERY_REDLOCK_RATE", "10/fortnight"),
+        ("CELERY_REDLOCK_TTL", -1),
+    ],
+)
+def test_a_bad_namespaced_value_is_named_as_the_settings_write_it(
+    setting: str, value: object
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"^{setting} must be ") as caught:
+        app_config(_namespaced_app(**{setting: value}))
+    assert str(caught.value).endswith(f"got {value!r}")
+
+
+def test_a_namespaced_app_hears_of_every_setting_by_its_written_name() -> None:
+    app = _namespaced_app(CELERY_REDLOCK_RETRY_BACKOFF=10, CELERY_REDLOCK_RETRY_BACKOFF_MAX=5)
+    with pytest.raises(ConfigurationError) as caught:
+        app_config(app)
+    assert str(caught.value) == (
+        "CELERY_REDLOCK_RETRY_BACKOFF_MAX (5.0s) must be >= CELERY_REDLOCK_RETRY_BACKOFF (10.0s)"
+    )
+
+
 def test_a_plain_redlock_setting_is_still_checked_under_a_namespace() -> None:
     app = _namespaced_app()
     app.conf.redlock_ttll = 5
