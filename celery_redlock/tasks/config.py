@@ -81,6 +81,8 @@ class AppConfig:
             )
             self.task_defaults = task_options(values)
         except ConfigurationError as error:
+            if not namespace:
+                raise
             raise as_written(error, namespace) from None
         self._redlocks: dict[tuple[float, bool], Redlock] = {}
         self._lock = threading.Lock()
@@ -143,12 +145,10 @@ def setting_name(name: str, namespace: Optional[str] = None) -> str:
     return key.upper() if prefix.isupper() else key.lower()
 
 
-def as_written(error: ConfigurationError, namespace: Optional[str]) -> ConfigurationError:
+def as_written(error: ConfigurationError, namespace: str) -> ConfigurationError:
     """``error`` about app settings with every setting it names as the app's
-    configuration writes it (``CELERY_REDLOCK_LIMIT must be ...`` under Django's
-    namespace)."""
-    if not namespace:
-        return error
+    configuration writes it under ``namespace`` (``CELERY_REDLOCK_LIMIT must be ...``
+    under Django's)."""
 
     def written(found: re.Match[str]) -> str:
         name = found.group(0)
