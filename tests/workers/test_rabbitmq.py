@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import pytest
 import redis
@@ -52,37 +53,38 @@ def rabbitmq() -> Iterator[RabbitMQNode]:
         node.stop()
 
 
-@contextlib.contextmanager
+#: Two workers of ``tests/apps/<app>`` (given the app and their concurrency) on the
+#: RabbitMQ broker, with a Redis result backend and an observer of their own: a
+#: context manager yielding a client app and the observer.
+Stack = Callable[[str, int], ContextManager[tuple[Celery, redis.Redis]]]
+
+
+@pytest.fixture
 def stack(
-    app: str,
-    rabbitmq: RabbitMQNode,
-    redis_server_factory: RedisServerFactory,
-    redis_nodes: RedisNodes,
-    log_dir: Path,
-    concurrency: int,
-) -> Iterator[tuple[Celery, redis.Redis]]:
-    """Two workers of ``tests/apps/<app>`` on the RabbitMQ broker, a Redis result
-    backend and an observer of their own; yields a client app and the observer."""
-    backend = redis_server_factory()
-    observer_server = redis_server_factory()
-    env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
-    workers = launch_workers(app, ["w1", "w2"], log_dir, env, concurrency=concurrency)
-    client = Celery(f"rabbitmq_{app}", broker=rabbitmq.url, backend=backend.url)
-    client.conf.broker_connection_retry_on_startup = True
-    try:
-        yield client, observer_server.client(decode_responses=True)
-    finally:
-        client.close()
-        stop_workers(workers)
-
-
-def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
     rabbitmq: RabbitMQNode,
     redis_server_factory: RedisServerFactory,
     redis_nodes: RedisNodes,
     tmp_path: Path,
-) -> None:
-    with stack("workerapp", rabbitmq, redis_server_factory, redis_nodes, tmp_path, 2) as running:
+) -> Stack:
+    @contextlib.contextmanager
+    def started(app: str, concurrency: int) -> Iterator[tuple[Celery, redis.Redis]]:
+        backend = redis_server_factory()
+        observer_server = redis_server_factory()
+        env = app_env(rabbitmq.url, redis_nodes, observer_server.url, BACKEND_URL=backend.url)
+        workers = launch_workers(app, ["w1", "w2"], tmp_path, env, concurrency=concurrency)
+        client = Celery(f"rabbitmq_{app}", broker=rabbitmq.url, backend=backend.url)
+        client.conf.broker_connection_retry_on_startup = True
+        try:
+            yield client, observer_server.client(decode_responses=True)
+        finally:
+            client.close()
+            stop_workers(workers)
+
+    return started
+
+
+def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(stack: Stack) -> None:
+    with stack("workerapp", 2) as running:
         client, observer = running
         # Same key, 4 processes: each task runs once, one at a time (retry mode).
         same = [
@@ -118,15 +120,10 @@ def test_same_key_tasks_and_skip_mode_with_a_rabbitmq_broker(
         assert effects(observer, "skip") == {holder.id: 1}  # the skipped body never ran
 
 
-def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(
-    rabbitmq: RabbitMQNode,
-    redis_server_factory: RedisServerFactory,
-    redis_nodes: RedisNodes,
-    tmp_path: Path,
-) -> None:
+def test_a_limit_and_a_rate_hold_with_a_rabbitmq_broker(stack: Stack) -> None:
     # The hand-off wakes and a rate's come-backs are messages the workers publish:
     # here through RabbitMQ (a countdown is held unacked in the worker, as on Redis).
-    with stack("limitsapp", rabbitmq, redis_server_factory, redis_nodes, tmp_path, 4) as running:
+    with stack("limitsapp", 4) as running:
         client, observer = running
         limited = [
             client.send_task(
