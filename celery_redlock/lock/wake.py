@@ -95,8 +95,8 @@ from .stored import wake_channel
 
 __all__ = ["Listener", "Releases", "Subscriber", "Wakeups", "wake_channel", "woken"]
 
-_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+_POLLIN: Final = unpatched.POLL_READ
+_POLLOUT: Final = unpatched.POLL_WRITE
 #: Seconds a release stays taken by the waiter it woke (its messages from every
 #: node come within a round); read later, it wakes one more waiter.
 TAKEN_FOR: Final = 2.0

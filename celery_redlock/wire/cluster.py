@@ -77,8 +77,8 @@ ACCEPTED: Final = (
     "or rediss+cluster://... (TLS, with the ssl_* options of a rediss:// URL)"
 )
 
-_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+_POLLIN: Final = unpatched.POLL_READ
+_POLLOUT: Final = unpatched.POLL_WRITE
 
 CLUSTER_SLOTS: Final = Plain(b"CLUSTER", b"SLOTS")
 ASKING: Final = Plain(b"ASKING")

@@ -261,6 +261,31 @@ class Node:
                 conn.close()
         return self.connect(now, budget) if connect else None
 
+    def take_in_step(
+        self, now: float, owed_age: float, silent_after: float
+    ) -> Optional[Connection]:
+        """The last idle connection, when a straight round (node_set.py) can use it
+        as it is: set up, nothing half-written, no reply owed for longer than
+        ``silent_after`` seconds (replies owed for less are read and dropped first,
+        as ``checkout`` does). Otherwise None, and the connection stays in the pool
+        for ``checkout`` to judge."""
+        idle = self._idle
+        try:
+            conn = idle.pop()
+        except IndexError:
+            return None
+        if conn.state == READY and not conn.out:
+            if not conn.expect:
+                return conn
+            if conn.usable(now, owed_age) and conn.owed_for(now) <= silent_after:
+                return conn
+        idle.append(conn)
+        return None
+
+    def put_back(self, conn: Connection) -> None:
+        """Return a connection ``take_in_step`` gave, unused."""
+        self._idle.append(conn)
+
     def checkin(self, conn: Connection, now: float) -> bool:
         """Take back a connection after a round: in step, or closed. True when it
         still owes replies (see ``finish_owed``)."""

@@ -30,7 +30,7 @@ import math
 import os
 import select
 import time
-from typing import Callable, Container, Final, NamedTuple, Optional, Protocol, Sequence
+from typing import Callable, Final, NamedTuple, Optional, Sequence
 
 from redis import exceptions as rexc
 
@@ -42,12 +42,13 @@ from .cluster_node import ClusterNode, make_node
 from .connection import MIN_OWED_AGE, READY, Connection, owed_age
 from .node import Node
 from .resp import Command, pack
-from .round import NOT_AWAITED, Batch, Round
+from .round import NOT_AWAITED, Batch, Round, Tally
+from .straight import straight_round, take_in_step
 
 __all__ = ["NOT_AWAITED", "Batch", "Command", "Node", "NodeSet", "pack"]
 
-_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+_POLLIN: Final = unpatched.POLL_READ
+_POLLOUT: Final = unpatched.POLL_WRITE
 
 # This process's pid, refreshed after a fork (a getpid per round is measurable).
 _PID = os.getpid()
@@ -62,20 +63,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-class _Tally(Protocol):
-    """What the driver tells a tally and asks of it (``Round`` and ``Batch``)."""
-
-    @property
-    def decided(self) -> bool: ...
-    @property
-    def awaited(self) -> list[int]: ...
-    def awaiting(self, node: int) -> bool: ...
-    def failed(self, node: int, error: BaseException) -> None: ...
-    def deadline_passed(
-        self, names: Sequence[str], timeout: float, silent: Container[int] = ()
-    ) -> None: ...
-
-
 class _Route(NamedTuple):
     """What one node is sent in a round, and the hash slot it goes to (a cluster's)."""
 
@@ -86,7 +73,7 @@ class _Route(NamedTuple):
 class _Driven(NamedTuple):
     """A tally and how its replies map back to commands."""
 
-    tally: _Tally
+    tally: Tally
     #: Tell the tally of node i's next reply; the command to send again as EVAL, if any.
     resend: Callable[[int, object], Optional[Command]]
     #: The commands node i still owes replies to, in order (sent again on reconnect).
@@ -120,6 +107,8 @@ class NodeSet:
                     f"and nodes[{i}]); Redlock needs N independent Redis masters"
                 )
             seen[node.identity] = i
+        #: Whether a round may go straight (straight.py): plain nodes only.
+        self._straight = not self._discovering and not any(node.tls for node in self.nodes)
         self._clock = clock
         self._pid = _PID
         # How long a reply may stay owed, for the longest round deadline seen.
@@ -251,10 +240,31 @@ class NodeSet:
                 self._owed_age = age
         routes = self._routes(commands)  # before anything is sent: may refuse
         silent: set[int] = set()
-        conns = self._send_all(routes, tally, now, timeout, wait, deliver, silent)
-        if 2 * len(silent) >= len(conns):
-            silent.clear()  # a silent majority: more likely a slow client, waited for
-        timed_out = wait and self._collect(driven, conns, now + timeout, routes, silent)
+        conns = (
+            take_in_step(self.nodes, now, self._owed_age, timeout)
+            if wait and self._straight
+            else None
+        )
+        if conns is not None:
+            straight = conns  # what the general loop reads on from, where it must
+
+            def reconnect(
+                i: int, conn: Connection, exc: BaseException, budget: float
+            ) -> Optional[Connection]:
+                return self._reconnect(driven, conn, exc, now, i, budget)
+
+            def rest() -> bool:
+                return self._collect(driven, straight, now + timeout, routes, silent)
+
+            timed_out = straight_round(
+                tally, driven.resend, conns, commands, now, now + timeout, self._clock,
+                reconnect, rest,
+            )  # fmt: skip
+        else:
+            conns = self._send_all(routes, tally, now, timeout, wait, deliver, silent)
+            if 2 * len(silent) >= len(conns):
+                silent.clear()  # a silent majority: more likely a slow client, waited for
+            timed_out = wait and self._collect(driven, conns, now + timeout, routes, silent)
         late = tally.awaited if timed_out else ()
         if timed_out:
             tally.deadline_passed([node.address for node in self.nodes], timeout, silent)
@@ -300,7 +310,7 @@ class NodeSet:
     def _send_all(
         self,
         routes: Sequence[_Route],
-        tally: _Tally,
+        tally: Tally,
         now: float,
         timeout: float,
         wait: bool,
@@ -387,7 +397,7 @@ class NodeSet:
         poller = unpatched.poll()
         by_fd: dict[int, int] = {}
         for i, conn in enumerate(conns):
-            if conn is not None:
+            if conn is not None and tally.awaiting(i):  # a straight round's rest: some answered
                 fd = conn.fileno()
                 by_fd[fd] = i
                 poller.register(fd, _POLLIN | (_POLLOUT if conn.wants_write else 0))
@@ -474,7 +484,7 @@ class NodeSet:
                 for command in driven.unanswered(i):
                     command = self._as_sent(i, command)
                     fresh.send(command.payload, command, started)
-            except rexc.RedisError as again:
+            except (rexc.RedisError, OSError) as again:  # OSError: e.g. out of fds
                 exc = again
             else:
                 return fresh

@@ -28,11 +28,25 @@ anything from the package.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Container, Final, Optional, Sequence
+from typing import Callable, Container, Final, Optional, Protocol, Sequence
 
 from redis import exceptions as rexc
 
-__all__ = ["AWAITED", "NOT_AWAITED", "Batch", "Round"]
+__all__ = ["AWAITED", "NOT_AWAITED", "Batch", "Round", "Tally"]
+
+
+class Tally(Protocol):
+    """What the driver tells a tally and asks of it (``Round`` and ``Batch``)."""
+
+    @property
+    def decided(self) -> bool: ...
+    @property
+    def awaited(self) -> list[int]: ...
+    def awaiting(self, node: int) -> bool: ...
+    def failed(self, node: int, error: BaseException) -> None: ...
+    def deadline_passed(
+        self, names: Sequence[str], timeout: float, silent: Container[int] = ()
+    ) -> None: ...
 
 
 class _NotAwaited:

@@ -72,8 +72,8 @@ ACCEPTED: Final = (
     "?master_name=NAME[&sentinel_password=...&sentinel_username=...]"
 )
 
-_POLLIN: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
-_POLLOUT: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
+_POLLIN: Final = unpatched.POLL_READ
+_POLLOUT: Final = unpatched.POLL_WRITE
 
 
 def is_sentinel_url(spec: object) -> bool:

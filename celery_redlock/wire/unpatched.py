@@ -25,9 +25,11 @@ import select
 import socket
 import ssl
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 __all__ = [
+    "POLL_READ",
+    "POLL_WRITE",
     "USE_ORIGINALS",
     "allocate_lock",
     "get_ident",
@@ -40,6 +42,11 @@ __all__ = [
     "ssl_context",
     "start_new_thread",
 ]
+
+#: What a poll over lock connections waits for: bytes to read (or the peer gone), and
+#: room to write (a connection being set up, a command written only in part).
+POLL_READ: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+POLL_WRITE: Final = select.POLLOUT | select.POLLERR | select.POLLHUP
 
 #: False: rounds use the process's (possibly patched) socket and poll. Measurement only.
 USE_ORIGINALS = True

@@ -7,6 +7,7 @@ import itertools
 import multiprocessing
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -826,6 +827,27 @@ def test_first_acquire_after_the_nodes_restart_succeeds_on_fresh_connections(
     lease = redlock.acquire("restart", blocking=False)
     assert lease is not None  # not a QuorumUnavailable for a stale socket
     lease.release()
+
+
+def test_a_pooled_connection_that_fails_at_the_write_is_replaced_within_the_round(
+    redis_nodes: RedisNodes,
+) -> None:
+    # A restart shows at the read (test above); a socket the kernel will not write
+    # to any more fails at the write itself, before the round has read anything.
+    redlock = Redlock(redis_nodes.urls, ttl=KEY_TTL, node_timeout=NODE_TIMEOUT)
+    warm = redlock.acquire("write-fails")
+    assert warm is not None
+    warm.release()
+    pooled = [conn for node in redlock.node_set.nodes for conn in node._idle]
+    assert pooled
+    for conn in pooled:
+        assert conn.sock is not None
+        conn.sock.shutdown(socket.SHUT_WR)  # the next send raises EPIPE
+    lease = redlock.acquire("write-fails", blocking=False)
+    assert lease is not None  # every node answered on a fresh connection
+    assert all(conn.sock is None for conn in pooled)  # the broken ones closed
+    lease.release()
+    _gone_everywhere(redis_nodes, "write-fails")
 
 
 def test_a_lagging_node_keeps_its_connection_and_gets_every_release(
