@@ -264,20 +264,22 @@ class Node:
     def take_in_step(
         self, now: float, owed_age: float, silent_after: float
     ) -> Optional[Connection]:
-        """The last idle connection, when a straight round (node_set.py) can use it
+        """The last idle connection, when a straight round (straight.py) can use it
         as it is: set up, nothing half-written, no reply owed for longer than
         ``silent_after`` seconds (replies owed for less are read and dropped first,
-        as ``checkout`` does). Otherwise None, and the connection stays in the pool
-        for ``checkout`` to judge."""
+        as ``checkout`` does, and one it finds unusable is closed, as there).
+        Otherwise None, and a usable connection stays in the pool for ``checkout``.
+        """
         idle = self._idle
         try:
             conn = idle.pop()
         except IndexError:
             return None
-        if conn.state == READY and not conn.out:
-            if not conn.expect:
-                return conn
-            if conn.usable(now, owed_age) and conn.owed_for(now) <= silent_after:
+        if conn.state == READY:
+            if conn.expect and not conn.usable(now, owed_age):
+                conn.close()  # hung up, a reply not coming, a handshake refused
+                return None
+            if not conn.out and (not conn.expect or conn.owed_for(now) <= silent_after):
                 return conn
         idle.append(conn)
         return None

@@ -42,6 +42,7 @@ import celery_redlock.lock.rules as rules_module
 from celery_redlock import LockContended, QuorumUnavailable, Redlock
 from celery_redlock.cli import redlock as redlock_cli
 from celery_redlock.testing import FaultProxy, RedisNodes, RedisServer
+from celery_redlock.wire.resp import Plain
 from tests.support.cli import run_celery
 from tests.support.observe import SETTLES_WITHIN
 from tests.support.tls_acl import MINIMAL_ACL, Certs, TLSNode, set_user, tls_urls, tls_values
@@ -435,6 +436,32 @@ def test_a_wrong_password_fails_with_an_error_naming_each_node(acl_nodes: RedisN
         assert isinstance(error, redis.AuthenticationError), error
         assert str(error).startswith(address) and "WRONGPASS" in str(error)
     assert "wrong" not in str(caught.value)  # the password is not echoed
+
+
+def test_a_minority_node_that_refuses_the_handshake_never_answers_out_of_step(
+    redis_nodes_factory: Callable[..., RedisNodes],
+) -> None:
+    # A password the server has none for: the node refuses AUTH but runs what follows.
+    # Rounds decided by the other two leave its replies owed; reading them must fail
+    # the connection, never leave it one reply behind (each round's answer would be
+    # the previous round's: a yes counted for a key the node never granted).
+    cluster = redis_nodes_factory(3)
+    urls = [*cluster.urls[:2], cluster.urls[2].replace("redis://", "redis://:nopassword@")]
+    redlock = Redlock(urls, ttl=5, node_timeout=NODE_TIMEOUT)
+    seen = []
+    try:
+        for i in range(12):
+            decided_by_two = redlock.node_set.round(
+                Plain(b"ECHO", str(i)), NODE_TIMEOUT, bool, enough_yes=2, enough_no=2
+            )
+            seen.append(decided_by_two[2])
+            time.sleep(0.02)  # the owed replies arrive before the next round reads them
+            every_node = redlock.node_set.round(Plain(b"ECHO", f"all {i}"), NODE_TIMEOUT)
+            seen.append(every_node[2])
+            assert isinstance(every_node[2], redis.ResponseError), every_node
+    finally:
+        redlock.close()
+    assert not [reply for reply in seen if isinstance(reply, bytes)], seen
 
 
 def test_a_user_without_evalsha_gets_a_clear_error_from_acquire(acl_nodes: RedisNodes) -> None:
