@@ -86,7 +86,7 @@ def straight_round(
     final = False
     while by_fd and not tally.decided and not final:
         remaining = deadline - clock()
-        final = remaining <= 0  # then one more look without waiting, as the general
+        final = remaining <= 0  # then one more look without waiting, as _collect
         for fd, _ in poller.poll(0 if final else math.ceil(remaining * 1000)):
             i = by_fd[fd]
             conn = conns[i]
